@@ -1,0 +1,1 @@
+"""The small library behind the notebooks."""

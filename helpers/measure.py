@@ -1,0 +1,44 @@
+"""Measuring: the machine a result came from, and speed-up and efficiency from timings."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import torch
+
+from helpers.launch import available_cores, thread_policy_note
+
+
+def cpu_model() -> str:
+    """The processor's name, where the operating system tells it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_facts() -> dict:
+    """What a timing depends on: record it beside every measurement."""
+    return {
+        "cores": available_cores(),
+        "cpu": cpu_model(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "thread_policy": thread_policy_note(),
+    }
+
+
+def speedup(baseline_seconds: float, seconds: float) -> float:
+    """How many times faster than the baseline (one worker doing all the work)."""
+    return baseline_seconds / seconds
+
+
+def efficiency(speedup_value: float, workers: int) -> float:
+    """Speed-up per worker: 1.0 means every added worker paid for itself in full."""
+    return speedup_value / workers
