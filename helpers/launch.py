@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import re
 import signal
@@ -182,7 +183,9 @@ def _worker_main(
             value = fn(rank, world_size, *args, **kwargs)
         finally:
             dist.destroy_process_group()
-        results.put(("ok", rank, value))
+        # Plain pickle, not the queue's: torch would share tensors through shared memory that
+        # vanishes when this process exits, before the caller has read them.
+        results.put(("ok", rank, pickle.dumps(value)))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the caller
         results.put(("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
@@ -335,7 +338,7 @@ def launch(
                 message = None
             if message is not None:
                 if message[0] == "ok":
-                    values[message[1]] = message[2]
+                    values[message[1]] = pickle.loads(message[2])
                 else:
                     errors.append(message[1:])
                     failed_at = failed_at or time.monotonic()

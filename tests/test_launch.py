@@ -40,6 +40,11 @@ def test_results_come_back_in_rank_order_with_the_collective_done():
     assert mp.active_children() == []
 
 
+def test_tensors_returned_by_workers_survive_their_exit():
+    results = launch(workers.return_tensor, 2)
+    assert [float(t.sum()) for t in results] == [0.0, 1000.0]
+
+
 def test_an_error_in_one_rank_surfaces_with_its_message_and_traceback():
     with pytest.raises(WorkerError) as info:
         launch(workers.fail_on_rank, 2, 1, collective_timeout=30)

@@ -47,3 +47,8 @@ def sleep_and_report_pid(rank: int, world: int, pid_dir: str, seconds: float) ->
         f.write(str(os.getpid()))
     time.sleep(seconds)
     return rank
+
+
+def return_tensor(rank: int, world: int) -> torch.Tensor:
+    """Return a tensor: it must survive the worker's exit."""
+    return torch.full((1000,), float(rank))
