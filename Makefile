@@ -1,0 +1,34 @@
+# `make reproduce`, `make test` and `make lab` create .venv on first use and install
+# requirements.txt into it (torch is pinned to the CPU build; `helpers` is installed editable).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+# The notebooks are checked against the stand-in, so that their outputs are the same everywhere.
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
+
+.PHONY: reproduce test lab lint notebooks clean-data
+
+$(INSTALLED): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+## reproduce: the reference experiment (pass options with ARGS="--workers 1 2 --data standin")
+reproduce: $(INSTALLED)
+	$(PY) -m helpers.reproduce $(ARGS)
+
+## test: unit tests, then every notebook re-executed and compared with nbval (stand-in data)
+test: $(INSTALLED)
+	$(PY) -m ruff check .
+	HAR_DATA=standin $(PY) -m pytest tests notebooks $(NBVAL) $(ARGS)
+
+## lab: JupyterLab on notebooks/
+lab: $(INSTALLED)
+	$(VENV)/bin/jupyter lab notebooks/
+
+## notebooks: re-execute every notebook in place on the stand-in (commit the result)
+notebooks: $(INSTALLED)
+	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
+		HAR_DATA=standin $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; \
+	done

@@ -1,0 +1,212 @@
+"""Reproduce the reference experiment from the command line: ``python -m helpers.reproduce``.
+
+Experiment 1: the same training (global batch 256, 5 epochs, SGD lr 0.05) split across 1, 2 and
+4 workers: are the replicas identical, and is the test accuracy the same for every world size?
+Experiment 2: speed-up over one worker at global batch 256 (10 epochs) and 2048 (40 epochs), with
+scaling efficiency (speed-up / workers) beside it.
+
+World sizes that would run more threads than there are cores are skipped with the reason, unless
+``--oversubscribe`` is given. ``--global-batch`` / ``--epochs`` replace both experiments by one run
+of your own settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from helpers.data import SOURCES, HARDataError, HARSpec, load_har
+from helpers.launch import WorkerError, default_threads_per_worker, plan_world_sizes
+from helpers.measure import efficiency, machine_facts, speedup
+from helpers.training import RunResult, TrainConfig, run_training, validate
+
+EXPERIMENT_1 = [(256, 5)]
+EXPERIMENT_2 = [(256, 10), (2048, 40)]
+
+
+@dataclass(frozen=True)
+class Setting:
+    title: str
+    global_batch: int
+    epochs: int
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad command lines end with one line saying what to fix, not a usage dump."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = OneLineParser(
+        prog="python -m helpers.reproduce",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        metavar="N",
+        help="world sizes to run (default: 1 2 4; 1 is always the baseline)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        nargs="+",
+        metavar="B",
+        help="global batch size(s) of your own run, instead of the two experiments",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        nargs="+",
+        metavar="E",
+        help="epochs of your own run: one value, or one per global batch",
+    )
+    p.add_argument(
+        "--threads-per-worker",
+        type=int,
+        metavar="T",
+        help="threads per worker (default: 2 as in the article where the cores allow, "
+        "else fewer so that 2 workers fit)",
+    )
+    p.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="run world sizes that need more threads than there are cores (flagged)",
+    )
+    p.add_argument(
+        "--data", choices=SOURCES, default=None, help="data source (default: $HAR_DATA or auto)"
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="also write machine facts, the data source and every run to PATH",
+    )
+    args = p.parse_args(argv)
+    if args.epochs and not args.global_batch:
+        args.global_batch = [256]
+    if args.global_batch and not args.epochs:
+        args.epochs = [5]
+    if args.epochs and len(args.epochs) not in (1, len(args.global_batch)):
+        p.error("give one --epochs value, or one per --global-batch value")
+    if min(args.workers) < 1:
+        p.error(f"--workers must be at least 1, got {min(args.workers)}")
+    if args.threads_per_worker is not None and args.threads_per_worker < 1:
+        p.error(f"--threads-per-worker must be at least 1, got {args.threads_per_worker}")
+    return args
+
+
+def settings_from(args: argparse.Namespace) -> list[Setting]:
+    if args.global_batch:
+        epochs = args.epochs * len(args.global_batch) if len(args.epochs) == 1 else args.epochs
+        return [Setting("Your run", b, e) for b, e in zip(args.global_batch, epochs, strict=True)]
+    return [
+        Setting("Experiment 1: the same training split across workers", b, e)
+        for b, e in EXPERIMENT_1
+    ] + [Setting("Experiment 2: speed-up over one worker", b, e) for b, e in EXPERIMENT_2]
+
+
+def print_table(setting: Setting, runs: list[RunResult], skipped: list[str], source: str) -> None:
+    base = next((r for r in runs if r.world == 1), None)
+    print(
+        f"\n{setting.title} -- global batch {setting.global_batch}, {setting.epochs} epochs, "
+        f"SGD lr 0.05, {source}"
+    )
+    print(
+        f"{'workers':>7} {'threads':>7} {'train s':>8} {'start-up s':>10} {'speed-up':>8} "
+        f"{'efficiency':>10} {'test acc':>8}  replicas identical  checksum"
+    )
+    for r in runs:
+        s = speedup(base.seconds, r.seconds) if base else float("nan")
+        flag = "  OVERSUBSCRIBED" if r.oversubscribed else ""
+        print(
+            f"{r.world:>7} {r.threads_per_worker:>7} {r.seconds:>8.2f} {r.startup_seconds:>10.2f} "
+            f"{s:>7.2f}x {efficiency(s, r.world):>10.0%} {r.accuracy:>8.2%}  "
+            f"{'yes' if r.replicas_identical else 'NO':<18}  {r.checksums[0]:.6f}{flag}"
+        )
+    for reason in skipped:
+        print(f"{'':>7} {reason}")
+
+
+def check_settings(settings: list[Setting], worlds: list[int], n_train: int) -> None:
+    for s in settings:
+        for world in worlds:
+            validate(TrainConfig(global_batch=s.global_batch, epochs=s.epochs), world, n_train)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = settings_from(args)
+    worlds = sorted(set(args.workers) | {1})
+    try:
+        check_settings(settings, worlds, HARSpec().n_rows("train"))  # before any download
+        data = load_har(args.data)
+    except (ValueError, HARDataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    facts = machine_facts()
+    threads = args.threads_per_worker or default_threads_per_worker()
+    plans = plan_world_sizes(worlds, threads, oversubscribe=args.oversubscribe)
+    print(data.banner)
+    print(f"machine: {facts['cores']} cores, {facts['cpu']}; torch {facts['torch']}")
+    print(f"threads: {threads} per worker ({facts['thread_policy']})")
+    records = []
+    started = time.perf_counter()
+    try:
+        for setting in settings:
+            runs, skipped = [], []
+            for plan in plans:
+                if not plan.runs:
+                    skipped.append(f"{plan.world_size} workers {plan.reason}")
+                    continue
+                print(
+                    f"  running {plan.world_size} worker(s) x {threads} thread(s), global batch "
+                    f"{setting.global_batch}, {setting.epochs} epochs ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                config = TrainConfig(
+                    global_batch=setting.global_batch,
+                    epochs=setting.epochs,
+                    data=data.source,
+                    show_progress=sys.stderr.isatty(),
+                )
+                runs.append(run_training(plan.world_size, config, threads, plan.oversubscribed))
+            print_table(setting, runs, skipped, data.banner)
+            records += [{"experiment": setting.title, **r.to_record()} for r in runs]
+    except WorkerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: all workers stopped", file=sys.stderr)
+        return 130
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": facts,
+                    "data_source": data.source,
+                    "data": data.banner,
+                    "threads_per_worker": threads,
+                    "runs": records,
+                },
+                indent=2,
+            )
+        )
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

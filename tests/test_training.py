@@ -1,0 +1,155 @@
+"""The reference experiment: N workers do the same training as one, and their replicas agree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.schedules import Constant, LinearWarmup, linearly_scaled_lr
+from helpers.training import (
+    TrainConfig,
+    epoch_order,
+    local_slice,
+    run_training,
+    steps_per_epoch,
+    validate,
+)
+
+# One epoch at a large global batch keeps these runs to a few seconds each.
+SHORT = TrainConfig(global_batch=512, epochs=1, data="standin", return_weights=True)
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    return run_training(1, SHORT)
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    return run_training(2, SHORT)
+
+
+def test_two_workers_train_exactly_like_one(one_worker, two_workers):
+    assert two_workers.steps == one_worker.steps == 7352 // 512
+    # Same weights up to float rounding (the sum of two half-batch gradients is added in a
+    # different order than one whole-batch gradient), and so the same predictions.
+    np.testing.assert_allclose(two_workers.weights[0], one_worker.weights[0], rtol=0, atol=1e-5)
+    assert not np.array_equal(
+        one_worker.weights[0],
+        run_training(
+            1, TrainConfig(global_batch=512, epochs=1, data="standin", return_weights=True, seed=1)
+        ).weights[0],
+    ), "a different seed must give different weights, or this test proves nothing"
+    assert abs(two_workers.accuracy - one_worker.accuracy) < 2 / 2947
+
+
+def test_ddp_keeps_replicas_bit_identical(two_workers):
+    assert two_workers.replicas_identical
+    assert two_workers.checksums[0] == two_workers.checksums[1]
+    assert np.array_equal(two_workers.weights[0], two_workers.weights[1])
+
+
+def test_without_communication_replicas_drift_apart():
+    run = run_training(2, TrainConfig(global_batch=512, epochs=1, data="standin", sync="none"))
+    assert not run.replicas_identical
+    assert run.checksums[0] != run.checksums[1]
+
+
+def test_ddp_broadcast_repairs_different_seeds_but_hand_averaging_does_not():
+    seeds = dict(global_batch=512, epochs=1, data="standin", seed_per_rank=True)
+    assert run_training(2, TrainConfig(**seeds, sync="ddp")).replicas_identical
+    assert not run_training(2, TrainConfig(**seeds, sync="allreduce")).replicas_identical
+
+
+def test_local_slices_partition_every_global_batch():
+    order = epoch_order(7352, epoch=3)
+    assert torch.equal(order, epoch_order(7352, epoch=3))  # every worker sees the same order
+    batch = order[:256]
+    slices = [local_slice(batch, rank, 4) for rank in range(4)]
+    assert all(len(s) == 64 for s in slices)
+    assert torch.equal(torch.cat(slices), batch)
+    assert steps_per_epoch(7352, 256) == 28 and steps_per_epoch(7352, 2048) == 3
+
+
+@pytest.mark.parametrize(
+    ("world", "batch", "message"),
+    [
+        (3, 256, "not divisible by 3 workers"),
+        (1, 8192, "larger than the 7352"),
+        (0, 256, "at least 1"),
+    ],
+)
+def test_configurations_that_cannot_split_are_refused(world, batch, message):
+    with pytest.raises(ValueError, match=message):
+        validate(TrainConfig(global_batch=batch), world, 7352)
+
+
+def test_schedules_scale_linearly_and_warm_up_to_the_target():
+    assert linearly_scaled_lr(0.05, 256, 2048) == pytest.approx(0.4)
+    assert linearly_scaled_lr(0.05, 256, 64) == pytest.approx(0.0125)
+    warm = LinearWarmup(epochs=2, start_factor=0.125)
+    assert warm.factor(0, 10) == pytest.approx(0.125)
+    assert warm.factor(10, 10) == pytest.approx(0.5625)
+    assert warm.factor(19, 10) < 1.0 and warm.factor(20, 10) == 1.0 and warm.factor(99, 10) == 1.0
+    assert Constant().factor(123, 10) == 1.0
+
+
+def reproduce(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "helpers.reproduce", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--workers", "0"],
+        ["--workers", "2", "--global-batch", "255"],
+        ["--global-batch", "100000"],
+        ["--threads-per-worker", "0"],
+        ["--data", "bogus"],
+        ["--epochs", "0"],
+    ],
+)
+def test_reproduce_refuses_bad_values_in_one_line(args):
+    done = reproduce(*args, "--data", "standin") if "--data" not in args else reproduce(*args)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_reproduce_writes_one_record_per_run(tmp_path):
+    out = tmp_path / "runs.json"
+    done = reproduce(
+        "--workers",
+        "1",
+        "2",
+        "--global-batch",
+        "1024",
+        "--epochs",
+        "1",
+        "--data",
+        "standin",
+        "--json",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "stand-in" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["data_source"] == "standin" and report["machine"]["cores"] >= 1
+    runs = report["runs"]
+    assert [r["world"] for r in runs] == [1, 2]
+    for r in runs:
+        assert r["global_batch"] == 1024 and r["epochs"] == 1 and r["seconds"] > 0
+        assert r["replicas_identical"] and len(r["checksums"]) == r["world"]
+        assert set(r) >= {"threads_per_worker", "accuracy", "startup_seconds"}
+    assert abs(runs[0]["accuracy"] - runs[1]["accuracy"]) < 2 / 2947
