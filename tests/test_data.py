@@ -1,0 +1,637 @@
+"""Tests for helpers.data: download verification, the binary cache, the stand-in, the choice.
+
+No test touches the network: an autouse fixture lets only file:// URLs through, and HAR_ROOT
+points at a temporary folder so the repository's har/ is never read or written.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import helpers.data as hd
+from helpers.data import (
+    ACTIVITIES,
+    FILES,
+    SOURCES,
+    STANDIN_BANNER,
+    TEST_SUBJECTS,
+    TRAIN_SUBJECTS,
+    UCI_URL,
+    HARDataError,
+    HARSpec,
+    download_har,
+    extract_and_verify,
+    load_har,
+    make_standin,
+    resolve_root,
+    resolve_source,
+)
+
+# A tiny UCI HAR: 7 training windows and 6 test windows of 3 features.
+TINY = HARSpec(
+    n_features=3,
+    train_counts=(2, 1, 1, 1, 1, 1),
+    test_counts=(1, 1, 1, 1, 1, 1),
+    train_first_row=(0.28858451, -0.020294171),
+    test_first_row=(0.25717778,),
+)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def uci_number(v: float) -> str:
+    """Write a number as the UCI files do: 2.8858451e-001."""
+    mantissa, exponent = f"{v:.7e}".split("e")
+    return f"{mantissa}e{exponent[0]}{int(exponent[1:]):03d}"
+
+
+def table(values: np.ndarray, fmt: str = "%.8e") -> bytes:
+    buf = io.BytesIO()
+    np.savetxt(buf, values, fmt=fmt)
+    return buf.getvalue()
+
+
+def har_files(spec: HARSpec = TINY, seed: int = 0) -> dict[str, bytes]:
+    """The eight text files of a data set that meets spec, in the UCI layout and number format."""
+    rng = np.random.default_rng(seed)
+    files = {}
+    for split, subjects in (("train", (1, 3)), ("test", (2, 4))):
+        counts = spec.counts(split)
+        X = rng.uniform(-1, 1, size=(sum(counts), spec.n_features))
+        X[0, : len(spec.first_row(split))] = spec.first_row(split)
+        lines = ("  " + " ".join(uci_number(v) for v in row) + "\n" for row in X)
+        files[f"{split}/X_{split}.txt"] = "".join(lines).encode()
+        files[f"{split}/y_{split}.txt"] = table(np.repeat(np.arange(1, 7), counts), "%d")
+        half = sum(counts) // 2
+        subject = np.repeat(subjects, (half, sum(counts) - half))
+        files[f"{split}/subject_{split}.txt"] = table(subject, "%d")
+    names = "".join(f"{i} feature-{i}\n" for i in range(1, spec.n_features + 1))
+    files["features.txt"] = names.encode()
+    labels = "".join(f"{i} {name}\n" for i, name in enumerate(ACTIVITIES, 1))
+    files["activity_labels.txt"] = labels.encode()
+    return files
+
+
+def in_folder(files: dict[str, bytes], prefix: str = "UCI HAR Dataset/") -> dict[str, bytes]:
+    return {prefix + rel: data for rel, data in files.items()}
+
+
+def write_zip(path: Path, members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", method, compresslevel=1) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def flat_zip(path: Path, files: dict[str, bytes], prefix: str = "UCI HAR Dataset/") -> Path:
+    members = in_folder(files, prefix)
+    members[prefix + "README.txt"] = b"Human Activity Recognition Using Smartphones Dataset\n"
+    return write_zip(path, members)
+
+
+def nested_zip(path: Path, files: dict[str, bytes]) -> Path:
+    """Shaped like the UCI download: an outer zip holding "UCI HAR Dataset.zip" and Mac junk."""
+    inner = flat_zip(path.with_suffix(".inner.zip"), files).read_bytes()
+    members = {"UCI HAR Dataset.zip": inner, "__MACOSX/._UCI HAR Dataset.zip": b"\0junk"}
+    return write_zip(path, members, zipfile.ZIP_STORED)
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under folder with its bytes: compare two to prove nothing changed."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """Temporary downloads, staging folders and half-written files."""
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.name.startswith((".download-", ".staging-", ".nested")) or p.name.endswith(".tmp")
+    ]
+
+
+def install(root: Path, files: dict[str, bytes]) -> None:
+    """Put text files into root by hand, as a user unzipping the archive would."""
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    """No network (file:// URLs only), no HAR_DATA, and a throwaway default root."""
+    monkeypatch.delenv("HAR_DATA", raising=False)
+    monkeypatch.setenv("HAR_ROOT", str(tmp_path / "default-har"))
+    real_urlopen = urllib.request.urlopen
+
+    def offline(url, *args, **kwargs):
+        target = url if isinstance(url, str) else url.full_url
+        if not target.startswith("file:"):
+            raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+        return real_urlopen(url, *args, **kwargs)
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    hd._noticed.clear()
+    hd._download_failed.clear()
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail the test if anything tries to open any URL at all."""
+
+    def refuse(url, *args, **kwargs):
+        raise AssertionError(f"unexpected network access: {url}")
+
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+
+
+@pytest.fixture(scope="session")
+def standin() -> hd.HARData:
+    return make_standin()
+
+
+@pytest.fixture(scope="session")
+def full_archive(tmp_path_factory, standin) -> Path:
+    """A full-size archive shaped like the UCI download, written from the stand-in's arrays with
+    the first rows patched to the real ones, so that it meets the real HARSpec."""
+    spec = HARSpec()
+    files = {}
+    for split in hd.SPLITS:
+        X = getattr(standin, f"X_{split}").astype(np.float64)
+        X[0, : len(spec.first_row(split))] = spec.first_row(split)
+        files[f"{split}/X_{split}.txt"] = table(X)
+        files[f"{split}/y_{split}.txt"] = table(getattr(standin, f"y_{split}") + 1, "%d")
+        files[f"{split}/subject_{split}.txt"] = table(getattr(standin, f"subject_{split}"), "%d")
+    files["features.txt"] = "".join(f"{i} feature-{i}\n" for i in range(1, 562)).encode()
+    files["activity_labels.txt"] = har_files()["activity_labels.txt"]
+    return nested_zip(tmp_path_factory.mktemp("full") / "uci-har.zip", files)
+
+
+# ----------------------------------------------------------------------------- good archives
+
+
+@pytest.mark.parametrize("prefix", ["UCI HAR Dataset/", ""], ids=["dataset-folder", "zip-root"])
+def test_flat_archive_is_extracted_in_the_uci_layout(tmp_path, prefix):
+    files = har_files()
+    archive = flat_zip(tmp_path / "archives" / "flat.zip", files, prefix)
+    root = tmp_path / "har"
+    extract_and_verify(archive, root, TINY)
+    for rel, data in files.items():
+        assert (root / rel).read_bytes() == data
+    assert np.loadtxt(root / "train" / "X_train.txt").shape == (7, 3)
+    assert not (root / "README.txt").exists()  # only the eight files we need are kept
+    assert leftovers(root) == []
+
+
+def test_nested_archive_downloads_verifies_and_loads(tmp_path, capsys):
+    archive = nested_zip(tmp_path / "archives" / "uci.zip", har_files())
+    root = tmp_path / "har"
+    assert download_har(root, url=archive.as_uri(), spec=TINY) == root
+    assert "downloading UCI HAR: 100%" in capsys.readouterr().err
+    assert sorted(snapshot(root)) == sorted(
+        [*FILES, *(f"cache/uci-{name}.npy" for name in hd.ARRAYS), "cache/uci.json"]
+    )
+    data = load_har("uci", root, spec=TINY)
+    assert data.source == "uci"
+    assert data.banner == f"data: UCI HAR (verified, {root}/)"
+    assert data.X_train.dtype == np.float32 and data.X_train.shape == (7, 3)
+    np.testing.assert_allclose(data.X_train[0, :2], TINY.train_first_row, atol=1e-7)
+    np.testing.assert_array_equal(data.y_train, [0, 0, 1, 2, 3, 4, 5])  # 0-based
+    np.testing.assert_array_equal(data.y_test, np.arange(6))
+    np.testing.assert_array_equal(data.subject_test, [2, 2, 2, 4, 4, 4])
+
+
+def test_banner_names_har_for_the_default_root(tmp_path, monkeypatch):
+    root = tmp_path / "har"
+    extract_and_verify(flat_zip(tmp_path / "a.zip", har_files()), root, TINY)
+    monkeypatch.setattr(hd, "DEFAULT_ROOT", root.resolve())
+    assert load_har("uci", root, spec=TINY).banner == "data: UCI HAR (verified, har/)"
+
+
+def test_full_size_archive_meets_the_real_spec(tmp_path, full_archive, standin, monkeypatch):
+    root = tmp_path / "har"
+    download_har(root, url=full_archive.as_uri(), progress=False)  # the real HARSpec
+    assert np.loadtxt(root / "test" / "y_test.txt").shape == (2947,)
+    monkeypatch.setattr(hd, "_parse", None)  # from now on, parsing text would fail
+    start = time.perf_counter()
+    data = load_har("uci", root)
+    assert time.perf_counter() - start < 1.0  # the binary cache, written at download time
+    assert data.source == "uci" and data.X_train.shape == (7352, 561)
+    np.testing.assert_allclose(data.X_train[0, :6], HARSpec().train_first_row, atol=1e-6)
+    np.testing.assert_array_equal(data.X_train[1:], standin.X_train[1:])  # '%.8e' round-trips
+    np.testing.assert_array_equal(data.y_test, standin.y_test)
+    np.testing.assert_array_equal(data.subject_train, standin.subject_train)
+
+
+# ----------------------------------------------------------------------------- bad archives
+
+
+def corrupt_crc(path: Path) -> None:
+    """Flip one byte inside a stored member, so only its CRC check can notice."""
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"e-001")
+    raw[at] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def make_bad(kind: str, folder: Path) -> tuple[Path, str]:
+    """An archive that must be refused, and a phrase the error must contain."""
+    files = har_files()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{kind}.zip"
+    if kind == "not-a-zip":
+        path.write_bytes(b"<html>Service Unavailable</html>")
+        return path, "not a readable zip"
+    if kind == "truncated":
+        full = flat_zip(path, files).read_bytes()
+        path.write_bytes(full[: len(full) // 2])
+        return path, "not a readable zip"
+    if kind == "bad-crc":
+        write_zip(path, in_folder(files), zipfile.ZIP_STORED)
+        corrupt_crc(path)
+        return path, "not a readable zip"
+    if kind == "wrong-shape":
+        files["train/X_train.txt"] = table(np.zeros((7, 2)))
+        return flat_zip(path, files), "7 rows of 2 values, expected 7 rows of 3"
+    if kind == "wrong-first-row":
+        X = np.loadtxt(io.BytesIO(files["test/X_test.txt"]))
+        X[0, 0] = 0.25717978  # off by 2e-6
+        files["test/X_test.txt"] = table(X)
+        return flat_zip(path, files), "first row starts 0.25717978"
+    if kind == "wrong-counts":
+        files["train/y_train.txt"] = b"1\n2\n2\n3\n4\n5\n6\n"
+        return flat_zip(path, files), "class counts (1, 2, 1, 1, 1, 1)"
+    if kind == "out-of-range":
+        X = np.loadtxt(io.BytesIO(files["train/X_train.txt"]))
+        X[3, 2] = 1.5
+        files["train/X_train.txt"] = table(X)
+        return flat_zip(path, files), "outside [-1, 1]"
+    if kind == "missing-file":
+        del files["test/subject_test.txt"]
+        return flat_zip(path, files), "lacks test/subject_test.txt"
+    if kind == "no-data":
+        return write_zip(path, {"README.txt": b"hello"}), "holds no UCI HAR data"
+    if kind == "escape-dotdot":
+        members = in_folder(files)
+        members["UCI HAR Dataset/../../escaped.txt"] = b"gotcha"
+        return write_zip(path, members), "'UCI HAR Dataset/../../escaped.txt'"
+    if kind == "escape-absolute":
+        members = in_folder(files)
+        target = f"{folder.parent}/escaped.txt"  # absolute, yet inside the test's tmp_path
+        members[target] = b"gotcha"
+        return write_zip(path, members), repr(target)
+    if kind == "escape-nested":
+        inner = in_folder(files)
+        inner["../escaped.txt"] = b"gotcha"
+        inner_zip = write_zip(folder / "inner.zip", inner).read_bytes()
+        return write_zip(path, {"UCI HAR Dataset.zip": inner_zip}), "'../escaped.txt'"
+    raise ValueError(kind)
+
+
+BAD = [
+    "not-a-zip",
+    "truncated",
+    "bad-crc",
+    "wrong-shape",
+    "wrong-first-row",
+    "wrong-counts",
+    "out-of-range",
+    "missing-file",
+    "no-data",
+    "escape-dotdot",
+    "escape-absolute",
+    "escape-nested",
+]
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_archive_is_refused_and_leaves_no_trace(tmp_path, kind):
+    archive, phrase = make_bad(kind, tmp_path / "archives")
+    root = tmp_path / "sandbox" / "har"
+    root.mkdir(parents=True)
+    (root / "notes.txt").write_text("the user's own file")
+    before, around = snapshot(root), snapshot(tmp_path)
+    with pytest.raises(HARDataError) as err:
+        download_har(root, url=archive.as_uri(), spec=TINY, progress=False)
+    message = str(err.value)
+    assert phrase in message
+    assert "\n" not in message and UCI_URL in message and "HAR_DATA=standin" in message
+    assert snapshot(root) == before  # nothing added, nothing changed, no temp files
+    assert snapshot(tmp_path) == around  # and nothing landed anywhere else either
+
+
+def test_first_row_is_compared_with_a_small_tolerance(tmp_path):
+    files = har_files()
+    X = np.loadtxt(io.BytesIO(files["train/X_train.txt"]))
+    X[0, 1] += 5e-7
+    files["train/X_train.txt"] = table(X)
+    extract_and_verify(flat_zip(tmp_path / "a.zip", files), tmp_path / "har", TINY)
+    assert (tmp_path / "har" / "train" / "X_train.txt").read_bytes() == table(X)
+
+
+def test_escaping_member_in_extract_and_verify_writes_nothing(tmp_path):
+    archive, _ = make_bad("escape-dotdot", tmp_path / "archives")
+    root = tmp_path / "a" / "b" / "har"
+    with pytest.raises(HARDataError, match="refusing archive member"):
+        extract_and_verify(archive, root, TINY)
+    assert list(root.iterdir()) == []
+    assert not (tmp_path / "a" / "escaped.txt").exists()
+
+
+def test_interrupted_download_removes_its_temporary_file(tmp_path, monkeypatch):
+    class Response(io.BytesIO):
+        headers = {"Content-Length": "3000000"}
+
+        def read(self, size=-1):
+            if self.tell():
+                raise KeyboardInterrupt
+            return super().read(size)
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: Response(b"x" * 3_000_000))
+    root = tmp_path / "har"
+    with pytest.raises(KeyboardInterrupt):
+        download_har(root, spec=TINY, progress=False)
+    assert list(root.iterdir()) == []
+
+
+def test_interrupted_verification_removes_staging(tmp_path, monkeypatch):
+    archive = nested_zip(tmp_path / "uci.zip", har_files())
+    root = tmp_path / "har"
+
+    def interrupt(folder, spec):
+        assert (folder / "train" / "X_train.txt").exists()  # extracted into staging by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hd, "_verify_dir", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        download_har(root, url=archive.as_uri(), spec=TINY, progress=False)
+    assert list(root.iterdir()) == []
+
+
+def test_download_that_stops_short_is_refused(tmp_path, monkeypatch):
+    class Response(io.BytesIO):
+        headers = {"Content-Length": "1000"}
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: Response(b"PK" * 100))
+    root = tmp_path / "har"
+    with pytest.raises(HARDataError, match="stopped at 200 of 1000 bytes"):
+        download_har(root, spec=TINY, progress=False)
+    assert list(root.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- existing files
+
+
+def test_verified_files_are_kept_and_not_downloaded_again(tmp_path, no_network):
+    root = tmp_path / "har"
+    install(root, har_files())
+    before = {rel: (root / rel).stat().st_mtime_ns for rel in FILES}
+    assert download_har(root, url="https://example.invalid/x.zip", spec=TINY) == root
+    assert {rel: (root / rel).stat().st_mtime_ns for rel in FILES} == before
+    assert load_har("uci", root, spec=TINY).source == "uci"
+
+
+def test_files_that_do_not_verify_are_reported_never_overwritten(tmp_path, capsys):
+    root = tmp_path / "har"
+    files = har_files()
+    files["train/y_train.txt"] = b"1\n1\n1\n3\n4\n5\n6\n"  # one WALKING_UPSTAIRS relabelled
+    install(root, files)
+    before = snapshot(root)
+    good = nested_zip(tmp_path / "good.zip", har_files())
+    with pytest.raises(HARDataError, match="do not verify .*class counts.*delete them") as err:
+        download_har(root, url=good.as_uri(), spec=TINY)
+    assert "\n" not in str(err.value)
+    with pytest.raises(HARDataError, match="do not verify"):
+        load_har("uci", root, spec=TINY)
+    data = load_har("auto", root, spec=TINY)  # auto falls back, saying why
+    assert data.source == "standin"
+    notice = capsys.readouterr().err
+    assert notice.count("\n") == 1 and "stand-in" in notice and "class counts" in notice
+    assert {k: v for k, v in snapshot(root).items() if not k.startswith("cache/")} == before
+
+
+def test_incomplete_copy_is_reported(tmp_path):
+    root = tmp_path / "har"
+    files = har_files()
+    install(root, {rel: files[rel] for rel in FILES[:3]})
+    before = snapshot(root)
+    with pytest.raises(HARDataError, match="incomplete UCI HAR copy .*missing test/X_test.txt"):
+        load_har("uci", root, spec=TINY)
+    assert snapshot(root) == before
+
+
+def test_extract_never_replaces_a_different_file(tmp_path):
+    root = tmp_path / "har"
+    install(root, {"features.txt": b"my own notes\n"})
+    with pytest.raises(HARDataError, match="features.txt already exists and differs"):
+        extract_and_verify(flat_zip(tmp_path / "a.zip", har_files()), root, TINY)
+    assert snapshot(root) == {"features.txt": b"my own notes\n"}
+
+
+def test_extract_accepts_identical_files_already_in_place(tmp_path):
+    """As when two workers download at once: the second finds the first one's files."""
+    root = tmp_path / "har"
+    files = har_files()
+    install(root, {"features.txt": files["features.txt"]})
+    extract_and_verify(flat_zip(tmp_path / "a.zip", files), root, TINY)
+    assert {rel: (root / rel).read_bytes() for rel in FILES} == files
+
+
+# ----------------------------------------------------------------------------- offline
+
+
+def test_offline_uci_is_a_one_line_error_saying_what_to_do(tmp_path):
+    root = tmp_path / "har"
+    with pytest.raises(HARDataError) as err:
+        load_har("uci", root)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "could not download" in message and "name resolution" in message
+    assert UCI_URL in message and "HAR_DATA=standin" in message and "--data standin" in message
+    assert leftovers(root) == [] and not any(p.is_file() for p in root.rglob("*"))
+
+
+def test_offline_auto_falls_back_with_one_notice(tmp_path, capsys, monkeypatch):
+    tries = []
+    offline = urllib.request.urlopen
+
+    def counting(url, *args, **kwargs):
+        tries.append(url)
+        return offline(url, *args, **kwargs)
+
+    monkeypatch.setattr(urllib.request, "urlopen", counting)
+    root = tmp_path / "har"
+    first, second = load_har(root=root), load_har(root=root)
+    assert first.source == second.source == "standin"
+    assert first.banner == STANDIN_BANNER
+    err = capsys.readouterr().err
+    assert err.count("notice:") == 1 and err.count("\n") == 1
+    assert "stand-in" in err and UCI_URL in err
+    assert len(tries) == 1  # auto does not wait on a dead network at every load
+    with pytest.raises(HARDataError, match="could not download"):
+        load_har("uci", root)  # but an explicit "uci" tries again
+    assert len(tries) == 2
+
+
+def test_download_off_never_touches_the_network(tmp_path, no_network):
+    root = tmp_path / "har"
+    assert load_har("auto", root, download=False).source == "standin"
+    with pytest.raises(HARDataError, match="downloading is off"):
+        load_har("uci", root, download=False)
+
+
+def test_standin_is_cached_and_never_touches_the_network(tmp_path, no_network, monkeypatch):
+    root = tmp_path / "har"
+    first = load_har("standin", root)
+    assert (root / "cache" / f"standin-v{hd.STANDIN_VERSION}.npz").is_file()
+    monkeypatch.setattr(hd, "make_standin", None)  # a second load must come from the cache
+    start = time.perf_counter()
+    second = load_har("standin", root)
+    assert time.perf_counter() - start < 1.0
+    assert second.source == "standin" and second.banner == STANDIN_BANNER
+    for name in hd.ARRAYS:
+        np.testing.assert_array_equal(getattr(first, name), getattr(second, name))
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def test_cache_is_used_then_invalidated_when_the_text_changes(tmp_path, monkeypatch):
+    root = tmp_path / "har"
+    install(root, har_files())
+    assert not (root / "cache").exists()
+    load_har("uci", root, spec=TINY)  # parses the text and writes the cache
+    assert (root / "cache" / "uci.json").is_file()
+    assert (root / "cache" / "uci-X_train.npy").is_file()
+
+    calls = []
+    parse = hd._parse
+    monkeypatch.setattr(hd, "_parse", lambda *a: calls.append(a[1]) or parse(*a))
+    load_har("uci", root, spec=TINY)
+    assert calls == []  # served from the cache
+
+    X = np.loadtxt(root / "train" / "X_train.txt")
+    X[5, 1] = -0.5
+    (root / "train" / "X_train.txt").write_bytes(table(X))
+    data = load_har("uci", root, spec=TINY)
+    assert "train/X_train.txt" in calls  # the text changed, so it was parsed again
+    assert data.X_train[5, 1] == np.float32(-0.5)
+
+    calls.clear()
+    assert load_har("uci", root, spec=TINY).X_train[5, 1] == np.float32(-0.5)
+    assert calls == []  # and the new cache is used again
+
+    os.utime(root / "features.txt", ns=(0, 0))  # same bytes, different mtime: parse again
+    load_har("uci", root, spec=TINY)
+    assert "train/X_train.txt" in calls
+
+
+def test_cache_does_not_hide_a_broken_text_file(tmp_path):
+    root = tmp_path / "har"
+    install(root, har_files())
+    load_har("uci", root, spec=TINY)
+    (root / "test" / "y_test.txt").write_bytes(b"1\n2\n3\n4\n5\n5\n")
+    with pytest.raises(HARDataError, match="y_test.txt has class counts"):
+        load_har("uci", root, spec=TINY)
+
+
+def test_cache_written_under_another_spec_is_not_trusted(tmp_path):
+    root = tmp_path / "har"
+    install(root, har_files())
+    load_har("uci", root, spec=TINY)
+    with pytest.raises(HARDataError, match="do not verify"):
+        load_har("uci", root)  # the real spec: 7 rows are not 7352
+
+
+# ----------------------------------------------------------------------------- stand-in
+
+
+def blocks(subject: np.ndarray) -> tuple[tuple[int, int], ...]:
+    """Run-length encoding: ((subject, windows), ...) in file order."""
+    starts = np.flatnonzero(np.diff(subject, prepend=-1))
+    sizes = np.diff(np.append(starts, len(subject)))
+    return tuple((int(subject[s]), int(n)) for s, n in zip(starts, sizes, strict=True))
+
+
+def test_standin_is_har_shaped(standin):
+    spec = HARSpec()
+    assert standin.source == "standin" and standin.banner == STANDIN_BANNER
+    for split, n in (("train", 7352), ("test", 2947)):
+        X, y = getattr(standin, f"X_{split}"), getattr(standin, f"y_{split}")
+        subject = getattr(standin, f"subject_{split}")
+        assert X.shape == (n, 561) and X.dtype == np.float32
+        assert y.shape == subject.shape == (n,) and y.dtype == subject.dtype == np.int64
+        assert X.min() >= -1 and X.max() <= 1
+        assert (X < -0.9).mean() > 0.2  # many features near -1, as in UCI HAR
+        assert tuple(np.bincount(y, minlength=6)) == spec.counts(split)
+    assert blocks(standin.subject_train) == TRAIN_SUBJECTS
+    assert blocks(standin.subject_test) == TEST_SUBJECTS
+    assert {1, 3, 30} <= set(standin.subject_train.tolist())
+    assert not set(standin.subject_train.tolist()) & set(standin.subject_test.tolist())
+
+
+def test_standin_labels_come_in_runs(standin):
+    changes = np.count_nonzero(np.diff(standin.y_train))
+    assert changes < 12 * len(TRAIN_SUBJECTS)  # at most two passes through six activities
+    assert np.all(standin.y_train[:10] == standin.y_train[0])
+
+
+def test_standin_is_deterministic(standin):
+    again = make_standin()
+    for name in hd.ARRAYS:
+        np.testing.assert_array_equal(getattr(again, name), getattr(standin, name))
+    assert not np.array_equal(make_standin(seed=1).X_train, standin.X_train)
+
+
+# ----------------------------------------------------------------------------- the choice
+
+
+def test_resolve_source_precedence(monkeypatch):
+    assert resolve_source() == "auto"
+    monkeypatch.setenv("HAR_DATA", "standin")
+    assert resolve_source() == "standin"
+    assert resolve_source("uci") == "uci"  # the argument wins over the environment
+    monkeypatch.setenv("HAR_DATA", " UCI ")
+    assert resolve_source() == "uci"
+    monkeypatch.setenv("HAR_DATA", "")
+    assert resolve_source() == "auto"
+
+
+@pytest.mark.parametrize(
+    ("argument", "env", "origin"), [("real", None, "source"), (None, "x", "HAR_DATA")]
+)
+def test_resolve_source_rejects_invalid_values(monkeypatch, argument, env, origin):
+    if env is not None:
+        monkeypatch.setenv("HAR_DATA", env)
+    with pytest.raises(ValueError) as err:
+        resolve_source(argument)
+    message = str(err.value)
+    assert message.startswith(origin) and "\n" not in message
+    assert all(source in message for source in SOURCES)
+
+
+def test_env_choice_reaches_load_har(tmp_path, monkeypatch, no_network):
+    monkeypatch.setenv("HAR_DATA", "standin")
+    assert load_har(root=tmp_path / "har").source == "standin"
+    monkeypatch.setenv("HAR_DATA", "bogus")
+    with pytest.raises(ValueError, match="HAR_DATA='bogus'"):
+        load_har(root=tmp_path / "har")
+
+
+def test_resolve_root_precedence(tmp_path, monkeypatch):
+    assert resolve_root(tmp_path / "x") == tmp_path / "x"
+    assert resolve_root() == tmp_path / "default-har"  # HAR_ROOT, set by the autouse fixture
+    monkeypatch.delenv("HAR_ROOT")
+    assert resolve_root() == hd.DEFAULT_ROOT
+    assert (hd.DEFAULT_ROOT.parent / "helpers" / "data.py").is_file()
