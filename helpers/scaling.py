@@ -1,0 +1,297 @@
+"""Speed-up and efficiency of data parallelism against the global batch size, measured and
+predicted.
+
+``sweep`` times the real training (``helpers.training.run_training``) for every global batch
+and every world size that fits the cores, and adds speed-up and efficiency over one worker.
+The model explains the table with two fits:
+
+* compute: one worker's time per step grows linearly with its batch, ``t(B) = c0 + c1 * B``
+  (``fit_compute``, from the 1-worker runs): ``c0`` is what a step costs whatever the batch (the
+  optimizer's update of every weight, Python), ``c1`` the cost of each sample;
+* communication: all-reducing the gradients costs ``alpha + beta * bytes`` every step
+  (``helpers.comm_model``, notebook 02), however small the batch.
+
+N workers each compute on ``B / N`` samples, then all-reduce the whole gradient, so::
+
+    t_N(B) = c0 + c1 * B / N + alpha + beta * bytes       speed-up = t_1(B) / t_N(B)
+
+Only the per-sample part is divided by N; ``c0`` and the all-reduce are paid in full by every
+worker at every step. Speed-up therefore grows with the global batch: the per-sample work has to
+outweigh the fixed costs of a step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from helpers.comm_model import AlphaBeta
+from helpers.data import load_har
+from helpers.launch import default_threads_per_worker, plan_world_sizes
+from helpers.measure import efficiency, speedup
+from helpers.training import TrainConfig, run_training, steps_per_epoch
+
+GRADIENT_BYTES = 6_524_952  # the reference MLP's float32 gradients, all-reduced every step
+DEFAULT_BATCHES: tuple[int, ...] = tuple(64 * 2**k for k in range(7))  # 64, 128, ..., 4096
+
+
+# --------------------------------------------------------------------------- the reference points
+
+
+@dataclass(frozen=True)
+class PublishedPoint:
+    """A speed-up published by the reference article. Not measured here: drawn for comparison."""
+
+    world: int
+    global_batch: int
+    speedup: float
+
+    @property
+    def efficiency(self) -> float:
+        return efficiency(self.speedup, self.world)
+
+
+PUBLISHED_LABEL = "published, laptop, UCI HAR, 2 threads/worker"
+PUBLISHED: tuple[PublishedPoint, ...] = (
+    PublishedPoint(2, 256, 0.39),
+    PublishedPoint(4, 256, 0.54),
+    PublishedPoint(2, 2048, 1.01),
+    PublishedPoint(4, 2048, 1.49),
+)
+
+
+def published_table() -> pd.DataFrame:
+    """The article's points as a table: world, global_batch, speedup, efficiency."""
+    return pd.DataFrame(
+        [
+            {
+                "world": p.world,
+                "global_batch": p.global_batch,
+                "speedup": p.speedup,
+                "efficiency": p.efficiency,
+            }
+            for p in PUBLISHED
+        ]
+    )
+
+
+# --------------------------------------------------------------------------- the measurements
+
+
+def budget(global_batches: Sequence[int], n_samples: int, min_steps: int = 4) -> pd.DataFrame:
+    """How long each point of a sweep trains: whole epochs, at least one, and at least
+    ``min_steps`` steps, so that a large batch (1 step per epoch at 4096) is not timed on a
+    single step. Returns global_batch, epochs, steps, samples (all world sizes alike)."""
+    if min_steps < 1:
+        raise ValueError(f"min_steps must be at least 1, got {min_steps}")
+    rows = []
+    for batch in global_batches:
+        per_epoch = steps_per_epoch(n_samples, batch)
+        if per_epoch < 1:
+            raise ValueError(f"global batch {batch} is larger than the {n_samples} samples")
+        epochs = max(1, math.ceil(min_steps / per_epoch))
+        steps = epochs * per_epoch
+        rows.append(
+            {"global_batch": batch, "epochs": epochs, "steps": steps, "samples": steps * batch}
+        )
+    return pd.DataFrame(rows)
+
+
+def add_speedup(table: pd.DataFrame) -> pd.DataFrame:
+    """Add speed-up and efficiency over the 1-worker run with the same global batch."""
+    base = table[table["world"] == 1].set_index("global_batch")["seconds"]
+    missing = set(table["global_batch"]) - set(base.index)
+    if missing:
+        raise ValueError(f"no 1-worker run to compare with for global batch {sorted(missing)}")
+    baseline = table["global_batch"].map(base)
+    gained = speedup(baseline, table["seconds"])  # element by element, on whole columns
+    return table.assign(speedup=gained, efficiency=efficiency(gained, table["world"]))
+
+
+def sweep(
+    global_batches: Sequence[int] = DEFAULT_BATCHES,
+    world_sizes: Sequence[int] = (1, 2, 4),
+    min_steps: int = 4,
+    threads: int | None = None,
+    oversubscribe: bool = False,
+    data: str | None = None,
+    lr: float = 0.05,
+    progress: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """Time the training for every global batch and every world size that fits the cores.
+
+    Each point is one ``run_training`` with real DDP workers, trained for the ``budget`` of its
+    global batch; for each batch the world sizes run one after the other, so that a burst of
+    load from other programs tends to hit neighbouring points alike. World size 1 (the baseline)
+    is required. World sizes that would oversubscribe the cores are skipped, their reasons in
+    ``result.attrs["skipped"]``. ``progress``, if given, is called with one line per run.
+
+    Returns one row per run: world, global_batch, epochs, steps, threads_per_worker, seconds
+    (training time of the slowest worker), step_seconds, samples_per_s, speedup, efficiency,
+    accuracy, checksum (rank 0), replicas_identical, startup_seconds, oversubscribed.
+    """
+    if 1 not in world_sizes:
+        raise ValueError("the sweep needs world size 1: speed-up is measured against it")
+    har = load_har(data)
+    threads = default_threads_per_worker() if threads is None else threads
+    plans = plan_world_sizes(sorted(set(world_sizes)), threads, oversubscribe=oversubscribe)
+    running = [p for p in plans if p.runs]
+    plan_of_batch = budget(global_batches, len(har.X_train), min_steps)
+    rows = []
+    for point in plan_of_batch.itertuples(index=False):
+        for plan in running:
+            if progress is not None:
+                progress(
+                    f"global batch {point.global_batch:>4}, {plan.world_size} worker(s): "
+                    f"{point.epochs} epoch(s), {point.steps} steps"
+                )
+            config = TrainConfig(
+                global_batch=int(point.global_batch),
+                epochs=int(point.epochs),
+                lr=lr,
+                data=har.source,
+            )
+            run = run_training(
+                plan.world_size, config, plan.threads_per_worker, plan.oversubscribed
+            )
+            rows.append(
+                {
+                    "world": run.world,
+                    "global_batch": run.global_batch,
+                    "epochs": run.epochs,
+                    "steps": run.steps,
+                    "threads_per_worker": run.threads_per_worker,
+                    "seconds": run.seconds,
+                    "step_seconds": run.seconds / run.steps,
+                    "samples_per_s": run.steps * run.global_batch / run.seconds,
+                    "accuracy": run.accuracy,
+                    "checksum": run.checksums[0],
+                    "replicas_identical": run.replicas_identical,
+                    "startup_seconds": run.startup_seconds,
+                    "oversubscribed": run.oversubscribed,
+                }
+            )
+    table = add_speedup(pd.DataFrame(rows))
+    table.attrs["skipped"] = [f"{p.world_size} workers: {p.reason}" for p in plans if not p.runs]
+    table.attrs["data_source"] = har.source
+    return table
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """One worker's seconds per training step for a batch of ``B`` samples:
+    ``c0 + c1 * B``."""
+
+    c0: float  # seconds per step whatever the batch
+    c1: float  # seconds per sample
+
+    def predict(self, batch: float | np.ndarray) -> float | np.ndarray:
+        """Seconds for one step on ``batch`` samples (a number or an array)."""
+        if np.ndim(batch) == 0:
+            return self.c0 + self.c1 * float(batch)  # type: ignore[arg-type]
+        return self.c0 + self.c1 * np.asarray(batch, dtype=float)
+
+    def __str__(self) -> str:
+        return (
+            f"c0 = {self.c0 * 1e3:.2f} ms per step, c1 = {self.c1 * 1e6:.2f} us per sample "
+            f"({1 / self.c1:,.0f} samples/s)"
+        )
+
+
+def fit_compute(table: pd.DataFrame) -> ComputeModel:
+    """Fit ``step_seconds = c0 + c1 * global_batch`` to the 1-worker rows of a sweep.
+
+    Least squares on the relative error, as ``fit_alpha_beta`` does: the batch sizes double from
+    one point to the next, and an absolute fit would let the largest batch decide alone."""
+    one = table[table["world"] == 1]
+    if one["global_batch"].nunique() < 2:
+        raise ValueError("fitting the compute time needs 1-worker runs at 2 or more global batches")
+    b = one["global_batch"].to_numpy(dtype=float)
+    t = one["step_seconds"].to_numpy(dtype=float)
+    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise ValueError("step times must be positive and finite")
+    design = np.column_stack([np.ones_like(b), b]) / t[:, None]
+    (c0, c1), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return ComputeModel(float(c0), float(c1))
+
+
+def predict_step_seconds(
+    compute: ComputeModel,
+    comm: AlphaBeta | None,
+    global_batch: float | np.ndarray,
+    world: int,
+    nbytes: int = GRADIENT_BYTES,
+) -> float | np.ndarray:
+    """Seconds per step with ``world`` workers: compute on ``global_batch / world`` samples, then
+    all-reduce ``nbytes`` of gradients (nothing to all-reduce with one worker)."""
+    if world < 1:
+        raise ValueError(f"world must be at least 1, got {world}")
+    if world > 1 and comm is None:
+        raise ValueError(f"{world} workers all-reduce their gradients: give their AlphaBeta fit")
+    allreduce = comm.predict(nbytes) if world > 1 else 0.0  # type: ignore[union-attr]
+    return compute.predict(np.asarray(global_batch, dtype=float) / world) + allreduce
+
+
+def predict_speedup(
+    compute: ComputeModel,
+    comm: AlphaBeta | None,
+    global_batch: float | np.ndarray,
+    world: int,
+    nbytes: int = GRADIENT_BYTES,
+) -> float | np.ndarray:
+    """Predicted speed-up of ``world`` workers over one: ``t_1(B) / t_N(B)``."""
+    one = compute.predict(np.asarray(global_batch, dtype=float))
+    return one / predict_step_seconds(compute, comm, global_batch, world, nbytes)
+
+
+def prediction_table(
+    compute: ComputeModel,
+    comms: dict[int, AlphaBeta],
+    global_batches: Sequence[float] | np.ndarray,
+    nbytes: int = GRADIENT_BYTES,
+) -> pd.DataFrame:
+    """The model's step time, speed-up and efficiency for every world size in ``comms`` (each
+    with its own all-reduce fit) at every global batch: columns world, global_batch,
+    step_seconds, speedup, efficiency."""
+    frames = []
+    batches = np.asarray(global_batches, dtype=float)
+    for world, comm in sorted(comms.items()):
+        s = predict_speedup(compute, comm, batches, world, nbytes)
+        frames.append(
+            pd.DataFrame(
+                {
+                    "world": world,
+                    "global_batch": batches,
+                    "step_seconds": predict_step_seconds(compute, comm, batches, world, nbytes),
+                    "speedup": s,
+                    "efficiency": s / world,
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def batch_for_speedup(
+    compute: ComputeModel,
+    comm: AlphaBeta,
+    world: int,
+    target: float,
+    nbytes: int = GRADIENT_BYTES,
+) -> float:
+    """The global batch at which the model's speed-up reaches ``target``: solving
+    ``c0 + c1 B = target * (c0 + c1 B / N + a)`` for ``B``, with ``a`` the all-reduce time.
+    ``inf`` if the target is out of reach (at least ``N``, or no per-sample cost to share)."""
+    if world < 2:
+        raise ValueError("a speed-up needs at least 2 workers")
+    a = float(comm.predict(nbytes))
+    gain = compute.c1 * (1 - target / world)  # per sample: saved by sharing, less the target's
+    if gain <= 0:
+        return math.inf
+    return max(0.0, (target * (compute.c0 + a) - compute.c0) / gain)

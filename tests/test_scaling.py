@@ -1,0 +1,162 @@
+"""Speed-up against the global batch: the model's arithmetic, the budget, and a tiny real sweep."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers.comm_model import AlphaBeta
+from helpers.launch import available_cores
+from helpers.scaling import (
+    GRADIENT_BYTES,
+    PUBLISHED,
+    ComputeModel,
+    add_speedup,
+    batch_for_speedup,
+    budget,
+    fit_compute,
+    predict_speedup,
+    predict_step_seconds,
+    prediction_table,
+    published_table,
+    sweep,
+)
+
+matplotlib.use("Agg")
+
+COMPUTE = ComputeModel(c0=0.002, c1=1e-5)  # 2 ms per step, 10 us per sample
+COMM = AlphaBeta(alpha=300e-6, beta=1e-9)  # 0.3 ms + 1 ns per byte
+
+
+def test_step_time_divides_only_the_per_sample_work():
+    allreduce = 300e-6 + 1e-9 * GRADIENT_BYTES  # 6.825 ms
+    assert predict_step_seconds(COMPUTE, None, 1024, 1) == pytest.approx(0.002 + 0.01024)
+    assert predict_step_seconds(COMPUTE, COMM, 1024, 2) == pytest.approx(
+        0.002 + 0.00512 + allreduce
+    )
+    assert predict_step_seconds(COMPUTE, COMM, 1024, 4) == pytest.approx(
+        0.002 + 0.00256 + allreduce
+    )
+    expected = (0.002 + 0.01024) / (0.002 + 0.00512 + allreduce)
+    assert predict_speedup(COMPUTE, COMM, 1024, 2) == pytest.approx(expected)
+    assert expected < 1  # at this batch the all-reduce costs more than half the compute saves
+
+
+def test_speedup_grows_with_the_batch_towards_the_number_of_workers():
+    batches = 64 * 2.0 ** np.arange(12)
+    for world in (2, 4):
+        s = predict_speedup(COMPUTE, COMM, batches, world)
+        assert np.all(np.diff(s) > 0)
+        assert np.all(s < world) and s[-1] > 0.9 * world
+    assert predict_speedup(COMPUTE, None, batches, 1) == pytest.approx(np.ones_like(batches))
+
+
+def test_more_workers_need_their_all_reduce_fit():
+    with pytest.raises(ValueError, match="AlphaBeta"):
+        predict_step_seconds(COMPUTE, None, 256, 2)
+
+
+def test_prediction_table_has_one_row_per_world_and_batch():
+    table = prediction_table(COMPUTE, {2: COMM, 4: COMM}, [256, 2048])
+    assert table[["world", "global_batch"]].values.tolist() == [
+        [2, 256],
+        [2, 2048],
+        [4, 256],
+        [4, 2048],
+    ]
+    np.testing.assert_allclose(table["efficiency"], table["speedup"] / table["world"])
+    assert table.loc[3, "speedup"] == pytest.approx(predict_speedup(COMPUTE, COMM, 2048, 4))
+
+
+def test_batch_for_speedup_inverts_the_prediction():
+    for world, target in [(2, 1.0), (2, 1.7), (4, 1.49), (4, 3.0)]:
+        batch = batch_for_speedup(COMPUTE, COMM, world, target)
+        assert 0 < batch < math.inf
+        assert predict_speedup(COMPUTE, COMM, batch, world) == pytest.approx(target)
+    assert batch_for_speedup(COMPUTE, COMM, 2, 2.0) == math.inf  # never reached
+    assert batch_for_speedup(COMPUTE, COMM, 2, 0.01) == 0.0  # reached by any batch
+
+
+def test_fit_compute_recovers_the_line_from_one_worker_runs_only():
+    batches = np.array([64, 128, 256, 512, 1024])
+    one = pd.DataFrame(
+        {"world": 1, "global_batch": batches, "step_seconds": COMPUTE.predict(batches)}
+    )
+    two = one.assign(world=2, step_seconds=one["step_seconds"] * 10)  # must be ignored
+    fit = fit_compute(pd.concat([one, two]))
+    assert fit.c0 == pytest.approx(COMPUTE.c0) and fit.c1 == pytest.approx(COMPUTE.c1)
+    with pytest.raises(ValueError, match="2 or more"):
+        fit_compute(one.head(1))
+
+
+def test_budget_trains_whole_epochs_and_at_least_min_steps():
+    plan = budget([64, 256, 2048, 4096], n_samples=7352, min_steps=4).set_index("global_batch")
+    assert plan.loc[64].tolist() == [1, 114, 114 * 64]
+    assert plan.loc[256].tolist() == [1, 28, 28 * 256]
+    assert plan.loc[2048].tolist() == [2, 6, 6 * 2048]  # 3 steps per epoch: 2 epochs
+    assert plan.loc[4096].tolist() == [4, 4, 4 * 4096]  # 1 step per epoch: 4 epochs
+    with pytest.raises(ValueError, match="larger than"):
+        budget([8192], n_samples=7352)
+
+
+def test_add_speedup_compares_with_one_worker_at_the_same_batch():
+    runs = pd.DataFrame(
+        {"world": [1, 2, 1, 2], "global_batch": [256, 256, 2048, 2048], "seconds": [4, 8, 6, 4]}
+    )
+    out = add_speedup(runs)
+    assert out["speedup"].tolist() == [1.0, 0.5, 1.0, 1.5]
+    assert out["efficiency"].tolist() == [1.0, 0.25, 1.0, 0.75]
+    with pytest.raises(ValueError, match="1-worker run"):
+        add_speedup(runs[runs["world"] == 2])
+
+
+def test_published_points_are_the_articles():
+    table = published_table().set_index(["world", "global_batch"])
+    assert table.loc[(2, 256), "speedup"] == 0.39 and table.loc[(4, 256), "speedup"] == 0.54
+    assert table.loc[(2, 2048), "speedup"] == 1.01 and table.loc[(4, 2048), "speedup"] == 1.49
+    assert table.loc[(4, 2048), "efficiency"] == pytest.approx(1.49 / 4)
+    assert len(PUBLISHED) == 4
+
+
+def test_plot_scaling_draws_every_series_and_names_the_data():
+    from helpers.plotting import plot_scaling
+
+    measured = add_speedup(
+        pd.DataFrame({"world": [1, 2], "global_batch": [256, 256], "seconds": [4.0, 3.0]})
+    )
+    predicted = prediction_table(COMPUTE, {2: COMM}, [256, 512])
+    fig = plot_scaling(measured, predicted, published_table(), "efficiency", "DATA BANNER")
+    ax = fig.axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "measured, 2 workers" in labels and "model, 2 workers" in labels
+    assert sum("not measured here" in label for label in labels) == 2  # 2 and 4 workers
+    assert "DATA BANNER" in ax.get_title() and ax.get_xscale() == "log"
+    with pytest.raises(ValueError, match="metric"):
+        plot_scaling(measured, predicted, published_table(), "seconds", "DATA BANNER")
+
+
+def test_sweep_needs_the_one_worker_baseline():
+    with pytest.raises(ValueError, match="world size 1"):
+        sweep([256], world_sizes=[2], data="standin")
+
+
+def test_a_tiny_real_sweep_returns_a_well_formed_table():
+    table = sweep([2048, 4096], world_sizes=[1, 2, 4], min_steps=1, threads=1, data="standin")
+    runs = 2 if available_cores() < 4 else 3
+    assert len(table) == 2 * runs
+    assert table["world"].tolist()[:runs] == [1, 2, 4][:runs]
+    assert table["steps"].tolist()[:2] == [3, 3] and table["epochs"].max() == 1
+    assert (table["seconds"] > 0).all() and table["replicas_identical"].all()
+    assert (table.loc[table["world"] == 1, "speedup"] == 1.0).all()
+    np.testing.assert_allclose(table["efficiency"], table["speedup"] / table["world"])
+    np.testing.assert_allclose(
+        table["samples_per_s"], table["steps"] * table["global_batch"] / table["seconds"]
+    )
+    assert len(table.attrs["skipped"]) == 3 - runs
+    # N workers do the same training as one: equal weights up to float rounding
+    for _, same_batch in table.groupby("global_batch"):
+        assert np.ptp(same_batch["checksum"]) < 1e-2
