@@ -1,0 +1,170 @@
+"""The helpers notebook 03 uses to compare replicas and runs (helpers/replicas.py)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+
+from helpers.data import ACTIVITIES, load_har
+from helpers.plotting import plot_class_balance, plot_replica_accuracies
+from helpers.replicas import (
+    MISTAKES,
+    SYNCS,
+    class_balance,
+    epoch_coverage,
+    format_gap,
+    gap_to_reference,
+    initial_weights,
+    mistake_configs,
+    mistakes_table,
+    reference_table,
+    replica_gap,
+    same_training,
+    weight_gap,
+)
+from helpers.training import RunResult, TrainConfig, steps_per_epoch
+
+
+def fake_run(weights: list[np.ndarray], world: int | None = None, accuracy: float = 0.9):
+    """A RunResult as run_training would return it with return_weights=True."""
+    world = world or len(weights)
+    digests = {w.tobytes() for w in weights}
+    return RunResult(
+        world=world,
+        global_batch=256,
+        epochs=1,
+        threads_per_worker=1,
+        seconds=1.0,
+        startup_seconds=1.0,
+        accuracy=accuracy,
+        replicas_identical=len(digests) == 1,
+        checksums=[float(w.sum()) for w in weights],
+        accuracies=[accuracy + 0.01 * r for r in range(len(weights))],
+        steps=28,
+        data_source="standin",
+        weights=weights,
+    )
+
+
+W = np.linspace(-1.0, 1.0, 11)
+
+
+def test_weight_gaps_measure_the_largest_difference():
+    assert weight_gap(W, W) == 0.0
+    assert weight_gap(W, W + np.eye(11)[3] * 0.25) == pytest.approx(0.25)
+    run = fake_run([W, W + 0.5, W - 0.75])
+    assert replica_gap(run) == pytest.approx(0.75)
+    assert replica_gap(fake_run([W])) == 0.0
+    assert gap_to_reference(run, fake_run([W + 0.25])) == pytest.approx(1.0)
+
+
+def test_same_training_allows_rounding_but_not_a_different_training():
+    reference = fake_run([W])
+    assert same_training(fake_run([W, W]), reference)
+    assert same_training(fake_run([W + 1e-7, W + 1e-7]), reference)
+    assert not same_training(fake_run([W, W + 1e-2]), reference)  # one replica off is enough
+    assert not same_training(fake_run([W + 1e-7]), reference, atol=1e-8)
+
+
+def test_gaps_need_the_weights():
+    run = fake_run([W, W])
+    run.weights = [None, None]
+    with pytest.raises(ValueError, match="return_weights=True"):
+        replica_gap(run)
+
+
+def test_format_gap_says_zero_only_for_the_same_bits():
+    assert format_gap(0.0) == "0"
+    assert format_gap(3.2e-7) == "3e-07"
+    assert format_gap(1e-300) != "0"
+
+
+def test_mistake_configs_switch_on_one_mistake_per_row():
+    base = TrainConfig(epochs=2, data="standin")
+    configs = mistake_configs(base)
+    assert list(configs) == [(m, s) for m in MISTAKES for s in SYNCS]
+    assert len(configs) == 6
+    for (mistake, sync), config in configs.items():
+        assert config.sync == sync and config.epochs == 2 and config.return_weights
+        assert config.seed_per_rank == (mistake == "different seeds")
+        assert config.order_per_rank == (mistake == "different data orders")
+
+
+def test_mistakes_table_has_one_row_per_run_and_each_replicas_numbers():
+    reference = fake_run([W, W])
+    runs = {
+        ("different seeds", "ddp"): fake_run([W, W]),
+        ("different seeds", "none"): fake_run([W, W + 0.5]),
+        ("different data orders", "ddp"): fake_run([W + 0.5, W + 0.5]),
+    }
+    table = mistakes_table(runs, reference)
+    assert table.index.tolist() == list(runs)
+    assert table["replicas identical"].tolist() == [True, False, True]
+    assert table["same as reference"].tolist() == [True, False, False]
+    assert table["max |w0 - w1|"].tolist() == ["0", "5e-01", "0"]
+    assert table.loc[("different seeds", "none"), "accuracy 1 %"] == pytest.approx(91.0)
+    assert table.loc[("different seeds", "none"), "checksum 1"] == pytest.approx(5.5)
+
+
+def test_reference_table_compares_every_world_with_the_first():
+    table = reference_table([fake_run([W]), fake_run([W + 1e-6, W + 1e-6])])
+    assert table.index.tolist() == [1, 2]
+    assert table["replicas identical"].all()
+    assert table["max |w - w(1 worker)|"].tolist() == ["0", "1e-06"]
+    assert table["test accuracy %"].tolist() == [90.0, 90.0]
+
+
+def test_one_shared_order_visits_every_sample_once_but_the_dropped_tail():
+    n, batch = 7352, 256
+    seen = steps_per_epoch(n, batch) * batch  # 7168
+    assert epoch_coverage(n, batch, 1) == {0: n - seen, 1: seen}
+    assert epoch_coverage(n, batch, 2, epoch=3) == {0: n - seen, 1: seen}
+    assert epoch_coverage(n, batch, 4) == {0: n - seen, 1: seen}
+
+
+def test_an_order_per_worker_visits_some_samples_twice_and_skips_others():
+    n, batch = 7352, 256
+    coverage = epoch_coverage(n, batch, 2, order_per_rank=True)
+    assert coverage[2] > 1000 and coverage[0] > n - 7168 + 1000
+    assert sum(coverage.values()) == n
+    assert sum(times * count for times, count in coverage.items()) == 7168  # same work per epoch
+    assert epoch_coverage(n, batch, 1, order_per_rank=True) == epoch_coverage(n, batch, 1)
+
+
+def test_class_balance_counts_each_split():
+    data = load_har("standin")
+    balance = class_balance(data)
+    assert balance.index.tolist() == list(ACTIVITIES)
+    assert balance.columns.tolist() == ["train", "test"]
+    assert balance["train"].sum() == len(data.y_train) == 7352
+    assert balance["test"].sum() == len(data.y_test) == 2947
+    assert balance["train"].tolist() == np.bincount(data.y_train, minlength=6).tolist()
+
+
+def test_initial_weights_depend_on_the_seed_only():
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    first = initial_weights(0)
+    assert torch.equal(torch.rand(1), before)  # the caller's random state is left alone
+    assert first.shape == (1_631_238,) and first.dtype == np.float64
+    assert np.array_equal(first, initial_weights(0))
+    assert weight_gap(first, initial_weights(1)) > 0.01
+
+
+def test_the_figures_label_their_axes_and_name_the_data():
+    balance = class_balance(load_har("standin"))
+    fig = plot_class_balance(balance, "data: test banner")
+    assert "data: test banner" in fig.texts[0].get_text()  # the suptitle
+    assert [ax.get_xlabel() for ax in fig.axes] == ["samples", "samples"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list(ACTIVITIES)
+    plt.close(fig)
+
+    runs = {("different seeds", "none"): fake_run([W, W + 0.5], accuracy=0.8)}
+    fig = plot_replica_accuracies(mistakes_table(runs, fake_run([W, W])), 0.9, "data: test banner")
+    ax = fig.axes[0]
+    assert "data: test banner" in ax.get_title() and ax.get_ylabel() == "test accuracy (%)"
+    assert sorted(p.get_height() for p in ax.patches) == pytest.approx([80.0, 81.0])
+    plt.close(fig)
