@@ -51,12 +51,30 @@ class WorkerError(RuntimeError):
 # --------------------------------------------------------------------------- cores and threads
 
 
-def available_cores() -> int:
+CORES_ENV = "DDP_COURSE_CORES"  # use at most this many cores (make test: 2, the reference machine)
+
+
+def machine_cores() -> int:
     """Cores this process may run on (respects CPU affinity and container limits on Linux)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def available_cores() -> int:
+    """Cores the course plans with: the machine's, capped by ``$DDP_COURSE_CORES`` if set.
+
+    The cap lets a bigger machine behave like the 2-core reference machine (``make test`` sets
+    it, so the notebooks' checked outputs are reproduced), or leaves cores free for other work.
+    """
+    cores = machine_cores()
+    cap = os.environ.get(CORES_ENV)
+    if cap is None:
+        return cores
+    if not cap.isdigit() or int(cap) < 1:
+        raise ValueError(f"{CORES_ENV} must be a whole number of cores, at least 1; got {cap!r}")
+    return min(cores, int(cap))
 
 
 def default_threads_per_worker(cores: int | None = None) -> int:

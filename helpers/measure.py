@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from helpers.launch import available_cores, thread_policy_note
+from helpers.launch import available_cores, machine_cores, thread_policy_note
 
 
 def cpu_model() -> str:
@@ -26,6 +26,7 @@ def machine_facts() -> dict:
     """What a timing depends on: record it beside every measurement."""
     return {
         "cores": available_cores(),
+        "machine_cores": machine_cores(),
         "cpu": cpu_model(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

@@ -17,8 +17,10 @@ import workers
 
 from helpers.launch import (
     WorkerError,
+    available_cores,
     default_threads_per_worker,
     launch,
+    machine_cores,
     plan_world_sizes,
 )
 
@@ -134,6 +136,16 @@ def test_thread_defaults_follow_the_article_where_cores_allow():
     assert default_threads_per_worker(3) == 1
     assert default_threads_per_worker(2) == 1
     assert default_threads_per_worker(1) == 1
+
+
+def test_the_core_cap_makes_a_big_machine_plan_like_the_reference(monkeypatch):
+    monkeypatch.setenv("DDP_COURSE_CORES", "1")
+    assert available_cores() == 1
+    monkeypatch.setenv("DDP_COURSE_CORES", "100000")
+    assert available_cores() == machine_cores()
+    monkeypatch.setenv("DDP_COURSE_CORES", "two")
+    with pytest.raises(ValueError, match="DDP_COURSE_CORES"):
+        available_cores()
 
 
 def test_world_sizes_that_oversubscribe_are_skipped_or_flagged():
