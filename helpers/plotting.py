@@ -157,36 +157,64 @@ def _policy_style(policy: str) -> tuple[str | None, str, str]:
     return _POLICY_STYLES.get(policy, (None, "-", "o"))
 
 
-def plot_accuracy_vs_batch(sweep: pd.DataFrame, banner: str, base_batch: int = 256) -> Figure:
-    """Test accuracy after the epoch budget against the global batch (log-2 axis), one line per
-    lr policy; each tick also says how many steps (updates) the budget gives that batch. The
-    table needs global_batch, policy, accuracy and steps (``helpers.large_batch.run_sweep``)."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for policy, group in sweep.groupby("policy", sort=False):
-        colour, style, marker = _policy_style(policy)
-        group = group.sort_values("global_batch")
-        ax.plot(
-            group["global_batch"],
-            group["accuracy"],
-            ls=style,
-            marker=marker,
-            color=colour,
-            label=policy,
-        )
-    ax.axvline(base_batch, color="grey", lw=0.8, ls=":", label=f"base batch {base_batch}")
-    steps = sweep.drop_duplicates("global_batch").sort_values("global_batch")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(
-        steps["global_batch"],
-        [f"{b}\n{s} steps" for b, s in zip(steps["global_batch"], steps["steps"], strict=True)],
+def _plain_log_y(ax: plt.Axes) -> None:
+    """A log-scale y axis labelled 0.5, 0.7, 1, 1.5, 2, 3, ... rather than in powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def plot_batch_sweep(sweep: pd.DataFrame, banner: str, base_batch: int = 256) -> Figure:
+    """Two panels against the global batch (log-2 axis), one line per lr policy: the test
+    accuracy after the epoch budget, and the mean training loss over the last epoch (log
+    scale). Runs whose loss rose above its starting value are ringed in black. Each tick also
+    says how many steps (updates) the budget gives that batch. The table comes from
+    ``helpers.large_batch.run_sweep``."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    panels = (
+        ("accuracy", "test accuracy after the last epoch (%)", "Test accuracy"),
+        ("last_epoch_loss", "training loss, mean over the last epoch (log scale)", "Training loss"),
     )
-    ax.minorticks_off()
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_xlabel("global batch size (samples per step), and steps in the epoch budget")
-    ax.set_ylabel("test accuracy after the budget (%)")
-    ax.set_title(f"Test accuracy against global batch size, same epochs\n{banner}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower left")
-    ax.grid(alpha=0.3)
+    steps = sweep.drop_duplicates("global_batch").sort_values("global_batch")
+    ticks = [f"{b}\n({s})" for b, s in zip(steps["global_batch"], steps["steps"], strict=True)]
+    for ax, (column, ylabel, name) in zip(axes, panels, strict=True):
+        for policy, group in sweep.groupby("policy", sort=False):
+            colour, style, marker = _policy_style(policy)
+            group = group.sort_values("global_batch")
+            ax.plot(
+                group["global_batch"],
+                group[column],
+                ls=style,
+                marker=marker,
+                color=colour,
+                label=policy,
+            )
+        bad = sweep[sweep["diverged"]]
+        ax.plot(
+            bad["global_batch"],
+            bad[column],
+            "o",
+            ms=13,
+            mfc="none",
+            mec="black",
+            label="loss rose above its start (diverged)",
+        )
+        ax.axvline(base_batch, color="grey", lw=0.8, ls=":", label=f"base batch {base_batch}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(steps["global_batch"], ticks)
+        ax.minorticks_off()
+        ax.set_xlabel("global batch size (samples per step); in brackets, steps in the budget")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{name} against global batch size", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].yaxis.set_major_formatter(PercentFormatter(1.0))
+    axes[0].set_ylim(0, 1)
+    _plain_log_y(axes[1])
+    axes[0].legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"The same epoch budget at every batch size\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -197,8 +225,11 @@ def plot_loss_curves(sweep: pd.DataFrame, batches: list[int], banner: str) -> Fi
     The table needs global_batch, policy, steps_per_epoch and losses (a list per row)."""
     fig, axes = plt.subplots(1, len(batches), figsize=(5.0 * len(batches), 4.0), squeeze=False)
     for ax, batch in zip(axes[0], batches, strict=True):
-        for _, run in sweep[sweep["global_batch"] == batch].iterrows():
+        runs = sweep[sweep["global_batch"] == batch]
+        repeats = runs[runs["same_as"] != ""] if "same_as" in runs else runs.iloc[:0]
+        for _, run in runs.drop(repeats.index).iterrows():
             colour, style, _ = _policy_style(run["policy"])
+            same = repeats[repeats["same_as"] == run["policy"]]["policy"].tolist()
             epochs = [(step + 1) / run["steps_per_epoch"] for step in range(len(run["losses"]))]
             ax.plot(
                 epochs,
@@ -206,14 +237,14 @@ def plot_loss_curves(sweep: pd.DataFrame, batches: list[int], banner: str) -> Fi
                 ls=style,
                 color=colour,
                 lw=1.2,
-                label=f"{run['policy']} (lr {run['lr']:.4g})",
+                label=" = ".join([run["policy"], *same]) + f" (lr {run['lr']:.4g})",
             )
-        ax.set_yscale("log")
+        _plain_log_y(ax)
         ax.set_xlabel("epochs of training")
         ax.set_ylabel("training loss (cross-entropy, log scale)")
         steps = int(sweep[sweep["global_batch"] == batch]["steps"].iloc[0])
         ax.set_title(f"global batch {batch} ({steps} steps)", fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="best")
         ax.grid(alpha=0.3)
     fig.suptitle(f"Training loss per step\n{banner}", fontsize=10)
     fig.tight_layout()
@@ -233,8 +264,8 @@ def plot_time_to_accuracy(table: pd.DataFrame, target: float, banner: str) -> Fi
         ax.plot(times, curve, "o-", ms=3, color=colour, label=row["configuration"])
         if row["seconds_to_target"] != float("inf"):
             ax.plot(row["seconds_to_target"], target, "*", ms=14, color=colour)
-    ax.axhline(target, color="grey", lw=1, ls="--", label=f"target {target:.1%}")
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.axhline(target, color="grey", lw=1, ls="--", label=f"target {target:.0%}")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.set_ylim(bottom=max(0.0, min(min(c) for c in table["epoch_accuracies"]) - 0.02))
     ax.set_xlabel("estimated training time (s): epochs x measured seconds per epoch")
     ax.set_ylabel("test accuracy after the epoch (%)")
