@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from helpers.comm_model import AlphaBeta
+from helpers.comm_model import AlphaBeta, fit_alpha_beta
 from helpers.data import load_har
 from helpers.launch import default_threads_per_worker, plan_world_sizes
 from helpers.measure import efficiency, speedup
@@ -208,18 +208,16 @@ class ComputeModel:
 def fit_compute(table: pd.DataFrame) -> ComputeModel:
     """Fit ``step_seconds = c0 + c1 * global_batch`` to the 1-worker rows of a sweep.
 
-    Least squares on the relative error, as ``fit_alpha_beta`` does: the batch sizes double from
-    one point to the next, and an absolute fit would let the largest batch decide alone."""
+    The same straight line in relative error as ``fit_alpha_beta`` (the batch sizes double from
+    one point to the next, and an absolute fit would let the largest batch decide alone)."""
     one = table[table["world"] == 1]
     if one["global_batch"].nunique() < 2:
         raise ValueError("fitting the compute time needs 1-worker runs at 2 or more global batches")
-    b = one["global_batch"].to_numpy(dtype=float)
-    t = one["step_seconds"].to_numpy(dtype=float)
-    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
-        raise ValueError("step times must be positive and finite")
-    design = np.column_stack([np.ones_like(b), b]) / t[:, None]
-    (c0, c1), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    return ComputeModel(float(c0), float(c1))
+    try:
+        line = fit_alpha_beta(one["global_batch"], one["step_seconds"])
+    except ValueError as err:
+        raise ValueError(f"step times: {err}") from None
+    return ComputeModel(line.alpha, line.beta)
 
 
 def predict_step_seconds(
