@@ -36,7 +36,9 @@ from helpers.schedules import Constant, Schedule, goyal_warmup, linearly_scaled_
 from helpers.training import (
     RunResult,
     TrainConfig,
+    epochs_for_min_steps,
     run_training,
+    torch_threads,
     train_in_process,
     train_steps,
 )
@@ -101,11 +103,6 @@ def make_policies(warmup_epochs: float) -> tuple[Policy, Policy, Policy]:
         Policy("linear scaling", scale_lr=True),
         Policy("linear scaling + warm-up", scale_lr=True, warmup_epochs=warmup_epochs),
     )
-
-
-def lr_at(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
-    """The learning rate the training loop sets at ``step`` (as ``train_steps`` computes it)."""
-    return config.lr * config.schedule.factor(step, steps_per_epoch)
 
 
 def _finite(values: Sequence[float]) -> bool:
@@ -217,10 +214,8 @@ def sharpness_during_training(
     this process, exactly as ``train_in_process`` does."""
     data = load_har(config.data)
     X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads or previous)
     rows = []
-    try:
+    with torch_threads(threads or torch.get_num_threads()):
         for epochs in after_epochs:
             torch.manual_seed(config.seed)
             model = make_mlp()
@@ -228,18 +223,7 @@ def sharpness_during_training(
                 train_steps(model, X, y, replace(config, epochs=epochs))
             value = sharpness(model, X[:n_samples], y[:n_samples], iters)
             rows.append({"epochs": epochs, "sharpness": value, "max_stable_lr": 2 / value})
-    finally:
-        torch.set_num_threads(previous)
     return pd.DataFrame(rows)
-
-
-def timing_epochs(global_batch: int, n_samples: int, min_steps: int = 8) -> int:
-    """Epochs to time at ``global_batch`` so that at least ``min_steps`` steps are timed (one
-    epoch at batch 4096 of 7,352 samples is a single step: too short to time alone)."""
-    per_epoch = n_samples // global_batch
-    if per_epoch < 1:
-        raise ValueError(f"global batch {global_batch} is larger than the {n_samples} samples")
-    return max(1, math.ceil(min_steps / per_epoch))
 
 
 def measure_epoch_seconds(
@@ -268,7 +252,7 @@ def measure_epoch_seconds(
                 progress(f"{plan.world_size} workers: {plan.reason}")
             continue
         for batch in batches:
-            epochs = timing_epochs(batch, n_samples, min_steps)
+            epochs = epochs_for_min_steps(batch, n_samples, min_steps)
             config = TrainConfig(global_batch=batch, epochs=epochs, data=data)
             run = run_training(
                 plan.world_size, config, plan.threads_per_worker, plan.oversubscribed

@@ -22,10 +22,10 @@ from helpers.model import make_mlp
 from helpers.training import (
     RunResult,
     TrainConfig,
-    epoch_order,
     final_weights,
     local_slice,
     steps_per_epoch,
+    worker_order,
 )
 
 # The largest weight difference still called "the same training". Float rounding alone (1 worker
@@ -158,7 +158,7 @@ def epoch_coverage(
     """
     visits = np.zeros(n_samples, dtype=np.int64)
     for rank in range(world_size):
-        order = epoch_order(n_samples, epoch, 1000 * rank if order_per_rank else 0)
+        order = worker_order(n_samples, epoch, rank, order_per_rank)
         for i in range(steps_per_epoch(n_samples, global_batch)):
             batch = order[i * global_batch : (i + 1) * global_batch]
             visits[local_slice(batch, rank, world_size).numpy()] += 1

@@ -33,7 +33,7 @@ from helpers.comm_model import AlphaBeta, fit_alpha_beta
 from helpers.data import load_har
 from helpers.launch import default_threads_per_worker, plan_world_sizes
 from helpers.measure import efficiency, speedup
-from helpers.training import TrainConfig, run_training, steps_per_epoch
+from helpers.training import TrainConfig, epochs_for_min_steps, run_training, steps_per_epoch
 
 GRADIENT_BYTES = 6_524_952  # the reference MLP's float32 gradients, all-reduced every step
 DEFAULT_BATCHES: tuple[int, ...] = tuple(64 * 2**k for k in range(7))  # 64, 128, ..., 4096
@@ -86,15 +86,10 @@ def budget(global_batches: Sequence[int], n_samples: int, min_steps: int = 4) ->
     """How long each point of a sweep trains: whole epochs, at least one, and at least
     ``min_steps`` steps, so that a large batch (1 step per epoch at 4096) is not timed on a
     single step. Returns global_batch, epochs, steps, samples (all world sizes alike)."""
-    if min_steps < 1:
-        raise ValueError(f"min_steps must be at least 1, got {min_steps}")
     rows = []
     for batch in global_batches:
-        per_epoch = steps_per_epoch(n_samples, batch)
-        if per_epoch < 1:
-            raise ValueError(f"global batch {batch} is larger than the {n_samples} samples")
-        epochs = max(1, math.ceil(min_steps / per_epoch))
-        steps = epochs * per_epoch
+        epochs = epochs_for_min_steps(batch, n_samples, min_steps)
+        steps = epochs * steps_per_epoch(n_samples, batch)
         rows.append(
             {"global_batch": batch, "epochs": epochs, "steps": steps, "samples": steps * batch}
         )

@@ -13,9 +13,11 @@ what a notebook or the command line calls.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -66,9 +68,43 @@ def epoch_order(n: int, epoch: int, seed_offset: int = 0) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(epoch + seed_offset))
 
 
+def worker_order(n: int, epoch: int, rank: int, order_per_rank: bool = False) -> torch.Tensor:
+    """The order this rank visits the samples in: the shared ``epoch_order``, or, for the
+    "different data orders" mistake, one of its own."""
+    return epoch_order(n, epoch, 1000 * rank if order_per_rank else 0)
+
+
 def steps_per_epoch(n_samples: int, global_batch: int) -> int:
     """Full global batches per epoch (the incomplete last one is dropped)."""
     return n_samples // global_batch
+
+
+def epochs_for_min_steps(global_batch: int, n_samples: int, min_steps: int) -> int:
+    """Whole epochs, at least one, that take at least ``min_steps`` steps: what a timing needs
+    at a large batch (one epoch at 4096 of 7,352 samples is a single step)."""
+    if min_steps < 1:
+        raise ValueError(f"min_steps must be at least 1, got {min_steps}")
+    per_epoch = steps_per_epoch(n_samples, global_batch)
+    if per_epoch < 1:
+        raise ValueError(f"global batch {global_batch} is larger than the {n_samples} samples")
+    return max(1, math.ceil(min_steps / per_epoch))
+
+
+def lr_at(config: TrainConfig, step: int, steps_per_epoch: int) -> float:
+    """The learning rate the training loop sets at ``step``: the configured lr times the
+    schedule's factor."""
+    return config.lr * config.schedule.factor(step, steps_per_epoch)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run a block with ``threads`` intra-op threads in this process, then restore the count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def weights_checksum(model: nn.Module) -> float:
@@ -137,12 +173,12 @@ def train_steps(
     losses = torch.zeros(config.epochs * steps if config.record_loss else 0)
     accuracies, eval_seconds, step = [], 0.0, 0
     for epoch in range(config.epochs):
-        order = epoch_order(len(X), epoch, 1000 * rank if config.order_per_rank else 0)
+        order = worker_order(len(X), epoch, rank, config.order_per_rank)
         for i in range(steps):
             batch = order[i * config.global_batch : (i + 1) * config.global_batch]
             idx = local_slice(batch, rank, world_size)
             for group in optimizer.param_groups:
-                group["lr"] = config.lr * config.schedule.factor(step, steps)
+                group["lr"] = lr_at(config, step, steps)
             loss = F.cross_entropy(model(X[idx]), y[idx])
             optimizer.zero_grad()
             loss.backward()  # under DDP, this also averages the gradients across workers
@@ -286,17 +322,13 @@ def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = 
     data = load_har(config.data)
     X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
     validate(config, 1, len(X))
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads or available_cores())
-    try:
+    with torch_threads(threads or available_cores()):
         torch.manual_seed(config.seed)
         model = make_mlp()
         start = time.perf_counter()
         evaluate = test_accuracy_of(data) if config.record_accuracy else None
         losses, epoch_accuracies, eval_seconds = train_steps(model, X, y, config, evaluate=evaluate)
         seconds = time.perf_counter() - start - eval_seconds
-    finally:
-        torch.set_num_threads(previous_threads)
     r = _report(model, data, config)
     return RunResult(
         world=1,

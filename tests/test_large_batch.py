@@ -18,17 +18,15 @@ from helpers.large_batch import (
     diverged,
     epochs_to_reach,
     last_epoch_loss,
-    lr_at,
     make_policies,
     run_sweep,
     sharpness,
     sharpness_during_training,
     time_to_accuracy,
     time_to_accuracy_table,
-    timing_epochs,
 )
 from helpers.schedules import Constant, LinearWarmup
-from helpers.training import TrainConfig
+from helpers.training import TrainConfig, epochs_for_min_steps, lr_at
 
 CONSTANT, LINEAR, WARMUP = make_policies(warmup_epochs=2)
 
@@ -129,11 +127,11 @@ def test_time_to_accuracy_table_refuses_a_run_the_sweep_lacks():
 
 
 def test_timing_epochs_time_enough_steps():
-    assert timing_epochs(64, 7352) == 1  # 114 steps in one epoch
-    assert timing_epochs(2048, 7352) == 3  # 3 steps per epoch: 3 epochs for 8 steps
-    assert timing_epochs(4096, 7352) == 8
+    assert epochs_for_min_steps(64, 7352, 8) == 1  # 114 steps in one epoch
+    assert epochs_for_min_steps(2048, 7352, 8) == 3  # 3 steps per epoch: 3 epochs for 8 steps
+    assert epochs_for_min_steps(4096, 7352, 8) == 8
     with pytest.raises(ValueError, match="larger than"):
-        timing_epochs(8192, 7352)
+        epochs_for_min_steps(8192, 7352, 8)
 
 
 def test_a_small_sweep_tabulates_every_pair_and_reuses_equal_runs():
