@@ -18,6 +18,9 @@ import numpy as np
 import pytest
 
 import helpers.data as hd
+from helpers.data import har as har_module
+from helpers.data import standin as standin_module
+from helpers.data import uci as uci_module
 from helpers.data import (
     ACTIVITIES,
     FILES,
@@ -142,8 +145,8 @@ def isolated(monkeypatch, tmp_path):
         return real_urlopen(url, *args, **kwargs)
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    hd._noticed.clear()
-    hd._download_failed.clear()
+    har_module._noticed.clear()
+    uci_module._download_failed.clear()
 
 
 @pytest.fixture
@@ -215,7 +218,7 @@ def test_nested_archive_downloads_verifies_and_loads(tmp_path, capsys):
 def test_banner_names_har_for_the_default_root(tmp_path, monkeypatch):
     root = tmp_path / "har"
     extract_and_verify(flat_zip(tmp_path / "a.zip", har_files()), root, TINY)
-    monkeypatch.setattr(hd, "DEFAULT_ROOT", root.resolve())
+    monkeypatch.setattr(har_module, "DEFAULT_ROOT", root.resolve())
     assert load_har("uci", root, spec=TINY).banner == "data: UCI HAR (verified, har/)"
 
 
@@ -223,7 +226,7 @@ def test_full_size_archive_meets_the_real_spec(tmp_path, full_archive, standin, 
     root = tmp_path / "har"
     download_har(root, url=full_archive.as_uri(), progress=False)  # the real HARSpec
     assert np.loadtxt(root / "test" / "y_test.txt").shape == (2947,)
-    monkeypatch.setattr(hd, "_parse", None)  # from now on, parsing text would fail
+    monkeypatch.setattr(uci_module, "_parse", None)  # from now on, parsing text would fail
     start = time.perf_counter()
     data = load_har("uci", root)
     assert time.perf_counter() - start < 1.0  # the binary cache, written at download time
@@ -373,7 +376,7 @@ def test_interrupted_verification_removes_staging(tmp_path, monkeypatch):
         assert (folder / "train" / "X_train.txt").exists()  # extracted into staging by now
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(hd, "_verify_dir", interrupt)
+    monkeypatch.setattr(uci_module, "_verify_dir", interrupt)
     with pytest.raises(KeyboardInterrupt):
         download_har(root, url=archive.as_uri(), spec=TINY, progress=False)
     assert list(root.iterdir()) == []
@@ -494,8 +497,8 @@ def test_download_off_never_touches_the_network(tmp_path, no_network):
 def test_standin_is_cached_and_never_touches_the_network(tmp_path, no_network, monkeypatch):
     root = tmp_path / "har"
     first = load_har("standin", root)
-    assert (root / "cache" / f"standin-v{hd.STANDIN_VERSION}.npz").is_file()
-    monkeypatch.setattr(hd, "make_standin", None)  # a second load must come from the cache
+    assert (root / "cache" / f"standin-v{standin_module.STANDIN_VERSION}.npz").is_file()
+    monkeypatch.setattr(standin_module, "make_standin", None)  # a second load must come from the cache
     start = time.perf_counter()
     second = load_har("standin", root)
     assert time.perf_counter() - start < 1.0
@@ -516,8 +519,8 @@ def test_cache_is_used_then_invalidated_when_the_text_changes(tmp_path, monkeypa
     assert (root / "cache" / "uci-X_train.npy").is_file()
 
     calls = []
-    parse = hd._parse
-    monkeypatch.setattr(hd, "_parse", lambda *a: calls.append(a[1]) or parse(*a))
+    parse = uci_module._parse
+    monkeypatch.setattr(uci_module, "_parse", lambda *a: calls.append(a[1]) or parse(*a))
     load_har("uci", root, spec=TINY)
     assert calls == []  # served from the cache
 
@@ -634,4 +637,4 @@ def test_resolve_root_precedence(tmp_path, monkeypatch):
     assert resolve_root() == tmp_path / "default-har"  # HAR_ROOT, set by the autouse fixture
     monkeypatch.delenv("HAR_ROOT")
     assert resolve_root() == hd.DEFAULT_ROOT
-    assert (hd.DEFAULT_ROOT.parent / "helpers" / "data.py").is_file()
+    assert (hd.DEFAULT_ROOT.parent / "helpers" / "data" / "__init__.py").is_file()

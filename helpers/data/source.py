@@ -1,0 +1,68 @@
+"""Choosing the data: the argument, $HAR_DATA or auto, and falling back with a notice."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from helpers.data.har import HARData, HARDataError, HARSpec, notice, resolve_root
+from helpers.data.standin import load_standin
+from helpers.data.uci import load_uci
+
+SOURCES = ("auto", "uci", "standin")
+
+
+def resolve_source(source: str | None = None) -> str:
+    """The data source to use: the argument, else $HAR_DATA, else "auto"."""
+    origin = "source"
+    if source is None:
+        source, origin = os.environ.get("HAR_DATA") or "auto", "HAR_DATA"
+    value = source.strip().lower()
+    if value not in SOURCES:
+        valid = ", ".join(SOURCES)
+        raise ValueError(f"{origin}={source!r} is not a data source; use one of {valid}")
+    return value
+
+
+def load_har(
+    source: str | None = None,
+    root: str | Path | None = None,
+    download: bool = True,
+    *,
+    spec: HARSpec = HARSpec(),
+) -> HARData:
+    """Load UCI HAR, or the stand-in where the real data is absent and source is "auto".
+
+    "auto" uses verified real data in root, else downloads it, else falls back to the stand-in
+    with a notice; "uci" gives the real data or a HARDataError; "standin" never touches the
+    network. Cheap once cached, since every worker process calls it. A failed download is
+    tried once per process under "auto"; "uci" (or download_har) tries again.
+    """
+    source = resolve_source(source)
+    root = resolve_root(root)
+    if source == "standin":
+        return load_standin(root)
+    try:
+        return load_uci(root, spec, download, retry=source == "uci")
+    except HARDataError as err:
+        if source == "uci":
+            raise
+        notice(f"notice: using the synthetic HAR-shaped stand-in, not UCI HAR: {err}")
+        return load_standin(root)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Get the data (downloading and verifying UCI HAR if needed) and say which was used."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument(
+        "--data", choices=SOURCES, default=None, help="data source (default: $HAR_DATA or auto)"
+    )
+    parser.add_argument("--root", default=None, help="data folder (default: $HAR_ROOT or har/)")
+    args = parser.parse_args(argv)
+    try:
+        data = load_har(args.data, args.root)
+    except (ValueError, HARDataError) as err:  # a bad $HAR_DATA, or data the user must fetch
+        parser.exit(1, f"error: {err}\n")
+    print(data.banner)
+    print(f"train {data.X_train.shape}, test {data.X_test.shape}")
