@@ -18,9 +18,6 @@ import numpy as np
 import pytest
 
 import helpers.data as hd
-from helpers.data import har as har_module
-from helpers.data import standin as standin_module
-from helpers.data import uci as uci_module
 from helpers.data import (
     ACTIVITIES,
     FILES,
@@ -38,6 +35,9 @@ from helpers.data import (
     resolve_root,
     resolve_source,
 )
+from helpers.data import har as har_module
+from helpers.data import standin as standin_module
+from helpers.data import uci as uci_module
 
 # A tiny UCI HAR: 7 training windows and 6 test windows of 3 features.
 TINY = HARSpec(
@@ -498,7 +498,8 @@ def test_standin_is_cached_and_never_touches_the_network(tmp_path, no_network, m
     root = tmp_path / "har"
     first = load_har("standin", root)
     assert (root / "cache" / f"standin-v{standin_module.STANDIN_VERSION}.npz").is_file()
-    monkeypatch.setattr(standin_module, "make_standin", None)  # a second load must come from the cache
+    # a second load must come from the cache
+    monkeypatch.setattr(standin_module, "make_standin", None)
     start = time.perf_counter()
     second = load_har("standin", root)
     assert time.perf_counter() - start < 1.0
