@@ -104,9 +104,10 @@ def mistake_configs(
     }
 
 
-def reference_table(runs: list[RunResult]) -> pd.DataFrame:
+def reference_table(runs: list[RunResult], atol: float = SAME_TRAINING_ATOL) -> pd.DataFrame:
     """Experiment 1 as a table, one row per world size; ``max |w - w(1 worker)|`` compares
-    every replica with the first run's (needs ``return_weights``)."""
+    every replica with the first run's (needs ``return_weights``). Its yes-or-no columns are
+    the same on every processor (see ``verdicts``); the others are measurements."""
     first = runs[0]
     return pd.DataFrame(
         [
@@ -114,6 +115,7 @@ def reference_table(runs: list[RunResult]) -> pd.DataFrame:
                 "workers": r.world,
                 "threads per worker": r.threads_per_worker,
                 "replicas identical": r.replicas_identical,
+                f"same training as {first.world} worker": same_training(r, first, atol),
                 "checksum (rank 0)": round(r.checksums[0], 4),
                 "test accuracy %": round(100 * r.accuracy, 2),
                 f"max |w - w({first.world} worker)|": format_gap(gap_to_reference(r, first)),
@@ -145,6 +147,13 @@ def mistakes_table(
             row[f"accuracy {rank} %"] = round(100 * acc, 2)
         rows.append(row)
     return pd.DataFrame(rows).set_index(["mistake", "sync"])
+
+
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """Only the yes-or-no columns of a table. They are the same on every processor, unlike the
+    checksums, accuracies and gaps beside them, which depend on the order of float additions
+    inside the CPU's kernels: notebooks compare these and print the measurements apart."""
+    return table.select_dtypes(bool)
 
 
 def epoch_coverage(

@@ -20,6 +20,7 @@ from helpers.replicas import (
     mistake_configs,
     mistakes_table,
     reference_table,
+    verdicts,
     replica_gap,
     same_training,
     weight_gap,
@@ -114,6 +115,17 @@ def test_reference_table_compares_every_world_with_the_first():
     assert table["replicas identical"].all()
     assert table["max |w - w(1 worker)|"].tolist() == ["0", "1e-06"]
     assert table["test accuracy %"].tolist() == [90.0, 90.0]
+    far = reference_table([fake_run([W]), fake_run([W + 1e-6]), fake_run([W + 0.5])])
+    assert far["same training as 1 worker"].tolist() == [True, True, False]
+
+
+def test_verdicts_keep_only_the_yes_or_no_columns():
+    reference = fake_run([W, W])
+    runs = {("different seeds", "none"): fake_run([W, W + 0.5])}
+    shown = verdicts(mistakes_table(runs, reference))
+    assert shown.columns.tolist() == ["replicas identical", "same as reference"]
+    shown = verdicts(reference_table([fake_run([W]), fake_run([W, W])]))
+    assert shown.columns.tolist() == ["replicas identical", "same training as 1 worker"]
 
 
 def test_one_shared_order_visits_every_sample_once_but_the_dropped_tail():
