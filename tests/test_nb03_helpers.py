@@ -20,9 +20,9 @@ from helpers.replicas import (
     mistake_configs,
     mistakes_table,
     reference_table,
-    verdicts,
     replica_gap,
     same_training,
+    verdicts,
     weight_gap,
 )
 from helpers.training import RunResult, TrainConfig, steps_per_epoch
