@@ -312,7 +312,11 @@ def test_cache_rebuilds_when_the_pickle_or_the_code_changes(fake_source, tmp_pat
     rec.load_recordings(root)
     monkeypatch.setattr(rec, "CACHE_FORMAT", rec.CACHE_FORMAT + 1)  # as a code change does
     rec.load_recordings(root)
-    assert len(builds) == 3 and len(list((root / "cache").glob("recordings-*.npz"))) == 3
+    assert len(builds) == 3
+    # only the newest version's cache is kept, the others are removed
+    assert [p.name for p in (root / "cache").glob("recordings-*.npz")] == [
+        rec.cache_path(root, rec.cache_key(pkl)).name
+    ]
 
 
 def test_a_damaged_cache_is_rebuilt(fake_source, tmp_path):
@@ -432,3 +436,10 @@ def test_first_training_row_is_near_uci_hars(built):
     # measured: the stds within 0.01, the means within 0.06 (har/README.md says why not equal)
     assert np.all(np.abs(mine[3:] - published[3:]) < 0.03)
     assert np.all(np.abs(mine[:3] - published[:3]) < 0.1)
+
+
+def test_compare_command_prints_the_tables(fake_source, tmp_path, capsys):
+    source_module.main(["--compare", "--root", str(tmp_path / "har")])
+    out = capsys.readouterr().out
+    assert out.startswith("data: UCI HAPT recordings, UCI HAR features recomputed")
+    assert "| WALKING | " in out and "First train row" in out and "tBodyAcc-std()-Z" in out

@@ -12,12 +12,11 @@ UCI HAR's 561 features (helpers.data.features), min-max scaled to [-1, 1], split
 volunteers. The result is cached under ``har/cache/`` keyed on a hash of the pickle and of this
 code, so later loads only read one .npz.
 
-    python -m helpers.data.recordings --compare   # measured against UCI HAR's published figures
+    python -m helpers.data --compare   # build or load them, measured against UCI HAR's figures
 """
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import contextlib
 import gzip
@@ -25,7 +24,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import pickle
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,7 +330,17 @@ def load_arrays(root: Path) -> dict[str, np.ndarray]:
         arrays = build(pickle_path)
         with contextlib.suppress(OSError):  # a read-only root only costs rebuilding each time
             atomic_write(path, lambda f: np.savez(f, **arrays))
+            _remove_other_versions(path)
     return arrays
+
+
+def _remove_other_versions(keep: Path) -> None:
+    """Delete the caches of other pickles or code versions (about 25 MB each); at worst a
+    process still on an older version rebuilds its own."""
+    for old in keep.parent.glob("recordings-*.npz"):
+        if old != keep:
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def load_recordings(root: str | Path | None = None) -> HARData:
@@ -425,28 +433,3 @@ def compare(root: str | Path | None = None, spec: HARSpec = HARSpec()) -> str:
         f"{np.mean(np.ptp(arrays['X_test'], axis=0) > 1.0):.0%} span more than 1 on the test split."
     )
     return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Build (or load) the recordings; with --compare, print the comparison with UCI HAR."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--root", default=None, help="data folder (default: $HAR_ROOT or har/)")
-    parser.add_argument("--compare", action="store_true", help="compare with UCI HAR")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    try:
-        data = load_recordings(args.root)
-    except HARDataError as err:
-        parser.exit(1, f"error: {err}\n")
-    print(data.banner)
-    print(
-        f"train {data.X_train.shape}, test {data.X_test.shape}; "
-        f"loaded in {time.perf_counter() - t0:.2f} s"
-    )
-    if args.compare:
-        print()
-        print(compare(args.root))
-
-
-if __name__ == "__main__":
-    main()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 from helpers.data.har import HARData, HARDataError, HARSpec, notice, resolve_root
-from helpers.data.recordings import RECORDINGS_NAME, load_recordings
+from helpers.data.recordings import RECORDINGS_NAME, compare, load_recordings
 from helpers.data.standin import load_standin
 from helpers.data.uci import load_uci
 
@@ -73,10 +74,20 @@ def main(argv: list[str] | None = None) -> None:
         "--data", choices=SOURCES, default=None, help="data source (default: $HAR_DATA or auto)"
     )
     parser.add_argument("--root", default=None, help="data folder (default: $HAR_ROOT or har/)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="load the recordings and compare them with UCI HAR's published figures",
+    )
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     try:
-        data = load_har(args.data, args.root)
+        data = load_har("recordings" if args.compare else args.data, args.root)
     except (ValueError, HARDataError) as err:  # a bad $HAR_DATA, or data the user must fetch
         parser.exit(1, f"error: {err}\n")
+    seconds = time.perf_counter() - started
     print(data.banner)
-    print(f"train {data.X_train.shape}, test {data.X_test.shape}")
+    print(f"train {data.X_train.shape}, test {data.X_test.shape}; loaded in {seconds:.2f} s")
+    if args.compare:
+        print()
+        print(compare(args.root))
