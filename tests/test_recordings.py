@@ -443,3 +443,9 @@ def test_compare_command_prints_the_tables(fake_source, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("data: UCI HAPT recordings, UCI HAR features recomputed")
     assert "| WALKING | " in out and "First train row" in out and "tBodyAcc-std()-Z" in out
+
+
+def test_compare_with_uci_features_where_they_are(fake_source, tmp_path, monkeypatch):
+    monkeypatch.setattr(rec, "load_uci", lambda *a, **k: hd.make_standin())  # as if UCI HAR
+    out = rec.compare(tmp_path / "har")
+    assert "Per-feature medians against UCI HAR's" in out and "The ten furthest" in out
