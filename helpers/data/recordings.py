@@ -258,10 +258,10 @@ def activity_windows(label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def build(path: Path) -> dict[str, np.ndarray]:
     """HARData's arrays, plus where every window came from, computed from the pickle at path.
 
-    Min-max scaling uses the statistics of all windows, train and test together, as UCI HAR did
-    (both of its files reach -1 and 1): the recomputed features then sit on the same scale as the
-    published ones. Only each feature's range is shared, no label; lo and hi are returned so that
-    anyone can rescale differently.
+    Min-max scaling uses the statistics of all windows, train and test together, as UCI HAR is
+    understood to have done: the recomputed features then sit on the same scale as the published
+    ones, so that the first rows can be compared. Only each feature's range is shared between the
+    splits, no label; lo and hi are returned so that anyone can rescale (say, on train only).
     """
     rows, ys, users, exps, starts = [], [], [], [], []
     for i, exp in enumerate(read_experiments(path)):
