@@ -226,8 +226,14 @@ def read_experiments(path: Path) -> list[Experiment]:
     out = []
     for user in sorted(users):
         for frame in users[user]:
-            values, ints = _frame_arrays(frame)
-            out.append(Experiment(int(user), values[:3], values[3:], ints[1]))
+            values, (sequence, label) = _frame_arrays(frame)
+            # windows assume an unbroken 50 Hz recording: samples numbered 0, 1, 2, ...
+            if (
+                not np.array_equal(sequence, np.arange(len(sequence)))
+                or not np.isfinite(values).all()
+            ):
+                raise HARDataError(f"HAPT.pkl.gz: volunteer {user} has a gap or a missing value")
+            out.append(Experiment(int(user), values[:3], values[3:], label))
     return out
 
 
@@ -309,13 +315,9 @@ def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
             arrays = {name: saved[name] for name in saved.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile):
         return None
-    if not set(ARRAYS) <= set(arrays) or arrays["X_train"].shape[1:] != (features_count(),):
+    if not set(ARRAYS) <= set(arrays) or arrays["X_train"].shape[1:] != (HARSpec().n_features,):
         return None
     return arrays
-
-
-def features_count() -> int:
-    return HARSpec().n_features
 
 
 def load_arrays(root: Path) -> dict[str, np.ndarray]:
