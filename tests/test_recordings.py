@@ -254,6 +254,8 @@ def test_small_estimators():
     assert F.energy(w)[0] == pytest.approx(np.mean(w**2))
     assert F.entropy(np.ones((1, 8)))[0] == pytest.approx(np.log(8))
     assert F.entropy(np.eye(1, 8))[0] == 0.0
+    # |x| normalised: [-1, 1, 2] -> p = 1/4, 1/4, 1/2 -> 1.5 ln 2
+    assert F.entropy(np.array([[-1.0, 1.0, 2.0]]))[0] == pytest.approx(1.5 * np.log(2))
     assert F.correlation(w, 2 * w + 1)[0] == pytest.approx(1.0)
     skew, kurt = F._moments(np.array([[0.0, 0.0, 0.0, 1.0]]))
     assert skew[0] == pytest.approx(2 / np.sqrt(3)) and kurt[0] == pytest.approx(7 / 3)

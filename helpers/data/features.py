@@ -124,16 +124,16 @@ def iqr(w: np.ndarray) -> np.ndarray:
 
 
 def entropy(w: np.ndarray) -> np.ndarray:
-    """Shannon entropy (nats) of how the window's energy is spread over its values.
+    """Shannon entropy (nats) of the window normalised into a distribution, p_i = |x_i| / sum|x|.
 
-    p_i = x_i^2 / sum(x^2): for a spectrum this is the usual spectral entropy, for a time signal
-    it is low for a few bursts and high (at most log n) for energy spread evenly. features_info.txt
-    says only "signal entropy"; this is a choice, and the feature least likely to match UCI HAR.
-    A window of zeros gets 0.
+    For a spectrum (magnitudes, never negative) this is the usual spectral entropy; for a time
+    signal it is low for a few bursts and high (at most log n) for values of even size.
+    features_info.txt says only "signal entropy": this reading is a choice, and the feature least
+    likely to match UCI HAR. A window of zeros gets 0.
     """
-    power = w**2
-    total = power.sum(axis=-1, keepdims=True)
-    p = np.divide(power, total, out=np.zeros_like(power), where=total > 0)
+    size = np.abs(w)
+    total = size.sum(axis=-1, keepdims=True)
+    p = np.divide(size, total, out=np.zeros_like(size), where=total > 0)
     logp = np.log(p, out=np.zeros_like(p), where=p > 0)
     return -np.sum(p * logp, axis=-1)
 
