@@ -108,6 +108,19 @@ def test_unpickler_allowed_callables_refuse_other_arguments():
         restricted_load(b"c_codecs\nencode\n(S'x'\nS'rot13'\ntR.")
 
 
+def test_a_tampered_file_is_a_data_error_and_auto_falls_back(monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(os, "system", lambda cmd: calls.append(cmd))
+    bad = tmp_path / "HAPT.pkl.gz"
+    bad.write_bytes(gzip.compress(b"cos\nsystem\n(S'echo pwned'\ntR."))
+    monkeypatch.setattr(rec, "find_pickle", lambda: bad)
+    with pytest.raises(hd.HARDataError, match=r"could not be read safely \(refused to load os"):
+        hd.load_har("recordings", tmp_path / "har")
+    monkeypatch.setattr(source_module, "load_uci", uci_unavailable)
+    assert hd.load_har("auto", tmp_path / "har").source == "standin"
+    assert "refused to load os.system" in capsys.readouterr().err and calls == []
+
+
 @needs_package
 def test_package_is_found_without_importing_it():
     path = rec.find_pickle()

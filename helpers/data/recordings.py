@@ -183,9 +183,16 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def read_pickle(path: Path) -> Any:
-    """The gzip pickle at path, read with RestrictedUnpickler."""
-    with gzip.open(path, "rb") as f:
-        return RestrictedUnpickler(f).load()
+    """The gzip pickle at path, read with RestrictedUnpickler; HARDataError if it cannot be read
+    or asks for anything not allowed (so that "auto" falls back, saying why)."""
+    try:
+        with gzip.open(path, "rb") as f:
+            return RestrictedUnpickler(f).load()
+    except (pickle.UnpicklingError, OSError, EOFError, ValueError) as err:
+        raise HARDataError(
+            f"{path} could not be read safely ({err}); reinstall {PACKAGE_PIN}, or use "
+            f"{STANDIN_HINT}"
+        ) from None
 
 
 # ----------------------------------------------------------------------------- the experiments
