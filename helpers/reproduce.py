@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_settings(settings, worlds, HARSpec().n_rows("train"))  # before any download
         data = load_har(args.data)
+        check_settings(settings, worlds, len(data.y_train))  # the recordings have their own count
     except (ValueError, HARDataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 """Tests for helpers.data: download verification, the binary cache, the stand-in, the choice.
 
 No test touches the network: an autouse fixture lets only file:// URLs through, and HAR_ROOT
-points at a temporary folder so the repository's har/ is never read or written.
+points at a temporary folder so the repository's har/ is never read or written. The same fixture
+hides the HAPT recordings package, so that "auto" falls back to the stand-in here as where the
+package is missing; tests/test_recordings.py tests the recordings.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from helpers.data import (
     resolve_source,
 )
 from helpers.data import har as har_module
+from helpers.data import recordings as recordings_module
 from helpers.data import standin as standin_module
 from helpers.data import uci as uci_module
 
@@ -145,6 +148,8 @@ def isolated(monkeypatch, tmp_path):
         return real_urlopen(url, *args, **kwargs)
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setattr(recordings_module, "MODULE", "no_such_module_hidden_by_the_tests")
+    monkeypatch.setattr(recordings_module, "PACKAGE", "no-such-package-hidden-by-the-tests")
     har_module._noticed.clear()
     uci_module._download_failed.clear()
 

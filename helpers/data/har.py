@@ -1,5 +1,5 @@
 """What UCI HAR looks like: its activities, subjects and shapes, the arrays every source returns,
-and where the data lives. Shared by every data source (uci, standin)."""
+and where the data lives. Shared by every data source (uci, recordings, standin)."""
 
 from __future__ import annotations
 
@@ -66,13 +66,13 @@ class HARSpec:
 class HARData:
     """Both splits as arrays ready for torch.from_numpy, and which data they are."""
 
-    X_train: np.ndarray  # float32 (7352, 561), values in [-1, 1]
-    y_train: np.ndarray  # int64 (7352,), class index 0..5 (file label minus 1)
-    subject_train: np.ndarray  # int64 (7352,), volunteer id 1..30
+    X_train: np.ndarray  # float32 (n, 561), values in [-1, 1]; n = 7352 for UCI HAR, the stand-in
+    y_train: np.ndarray  # int64 (n,), class index 0..5 (file label minus 1)
+    subject_train: np.ndarray  # int64 (n,), volunteer id 1..30
     X_test: np.ndarray
     y_test: np.ndarray
     subject_test: np.ndarray
-    source: str  # "uci" or "standin"
+    source: str  # "uci", "recordings" or "standin"
     banner: str  # one line to print beside every result made from this data
 
     def __repr__(self) -> str:

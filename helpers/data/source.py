@@ -1,16 +1,22 @@
-"""Choosing the data: the argument, $HAR_DATA or auto, and falling back with a notice."""
+"""Choosing the data: the argument, $HAR_DATA or auto, and falling back with a notice.
+
+auto: UCI HAR if it is here or can be downloaded, else the recordings if their package is
+installed, else the stand-in; each step down says why in a one-line notice.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 from helpers.data.har import HARData, HARDataError, HARSpec, notice, resolve_root
+from helpers.data.recordings import RECORDINGS_NAME, compare, load_recordings
 from helpers.data.standin import load_standin
 from helpers.data.uci import load_uci
 
-SOURCES = ("auto", "uci", "standin")
+SOURCES = ("auto", "uci", "recordings", "standin")
 
 
 def resolve_source(source: str | None = None) -> str:
@@ -32,24 +38,33 @@ def load_har(
     *,
     spec: HARSpec = HARSpec(),
 ) -> HARData:
-    """Load UCI HAR, or the stand-in where the real data is absent and source is "auto".
+    """Load UCI HAR, the recordings or the stand-in, as source says.
 
-    "auto" uses verified real data in root, else downloads it, else falls back to the stand-in
-    with a notice; "uci" gives the real data or a HARDataError; "standin" never touches the
-    network. Cheap once cached, since every worker process calls it. A failed download is
-    tried once per process under "auto"; "uci" (or download_har) tries again.
+    "auto" uses verified UCI HAR in root, else downloads it, else the recordings (UCI HAR's
+    features recomputed from the installed HAPT package), else the stand-in, with a notice at
+    each step down; "uci" gives UCI HAR or a HARDataError; "recordings" and "standin" never
+    touch the network. Cheap once cached, since every worker process calls it. A failed
+    download is tried once per process under "auto"; "uci" (or download_har) tries again.
     """
     source = resolve_source(source)
     root = resolve_root(root)
     if source == "standin":
         return load_standin(root)
+    if source == "recordings":
+        return load_recordings(root)
     try:
         return load_uci(root, spec, download, retry=source == "uci")
     except HARDataError as err:
         if source == "uci":
             raise
-        notice(f"notice: using the synthetic HAR-shaped stand-in, not UCI HAR: {err}")
+        why = err
+    try:
+        data = load_recordings(root)
+    except HARDataError as err:
+        notice(f"notice: using the synthetic HAR-shaped stand-in, not UCI HAR: {why}; {err}")
         return load_standin(root)
+    notice(f"notice: using the {RECORDINGS_NAME}, not UCI HAR's published files: {why}")
+    return data
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,10 +74,20 @@ def main(argv: list[str] | None = None) -> None:
         "--data", choices=SOURCES, default=None, help="data source (default: $HAR_DATA or auto)"
     )
     parser.add_argument("--root", default=None, help="data folder (default: $HAR_ROOT or har/)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="load the recordings and compare them with UCI HAR's published figures",
+    )
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     try:
-        data = load_har(args.data, args.root)
+        data = load_har("recordings" if args.compare else args.data, args.root)
     except (ValueError, HARDataError) as err:  # a bad $HAR_DATA, or data the user must fetch
         parser.exit(1, f"error: {err}\n")
+    seconds = time.perf_counter() - started
     print(data.banner)
-    print(f"train {data.X_train.shape}, test {data.X_test.shape}")
+    print(f"train {data.X_train.shape}, test {data.X_test.shape}; loaded in {seconds:.2f} s")
+    if args.compare:
+        print()
+        print(compare(args.root))
