@@ -1,8 +1,10 @@
 """Start N worker processes on this machine, run one function in each, collect what they return.
 
 Each worker is a fresh Python process (``spawn``), joined into a Gloo process group that
-listens on loopback only. The rendezvous store is created here, in the caller, on a port the
-operating system picks, so runs never collide with another program on 29500 or any fixed port.
+listens on loopback only (unless the reader has set ``GLOO_SOCKET_IFNAME``). The rendezvous
+store is created here, in the caller, bound to 127.0.0.1 on a port the operating system picks,
+so runs never collide with another program on 29500 or any fixed port and are never reachable
+from the network.
 
 Guarantees a notebook needs:
 - results come back in rank order;
@@ -211,6 +213,32 @@ def _worker_main(
 # --------------------------------------------------------------------------- the caller side
 
 
+def _loopback_store(world_size: int, collective_timeout: float) -> dist.TCPStore:
+    """The rendezvous store, listening on 127.0.0.1 only, on a free port the OS picks.
+
+    ``TCPStore(LOOPBACK, 0, is_master=True)`` would listen on every interface, and the store is
+    unauthenticated: bind the socket ourselves and hand it over instead.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, 0))
+        sock.listen()
+        store = dist.TCPStore(
+            LOOPBACK,
+            sock.getsockname()[1],
+            world_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=collective_timeout),
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now and closes it
+    return store
+
+
 def _check_spawnable(fn: Callable[..., Any]) -> None:
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", "")
@@ -313,15 +341,7 @@ def launch(
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    # The store lives here, on a free port chosen by the OS; workers connect to it as clients.
-    store = dist.TCPStore(
-        LOOPBACK,
-        0,
-        world_size,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=collective_timeout),
-    )
+    store = _loopback_store(world_size, collective_timeout)
     processes = [
         ctx.Process(
             target=_worker_main,

@@ -160,3 +160,13 @@ def test_world_sizes_that_oversubscribe_are_skipped_or_flagged():
     assert forced[0].runs and forced[0].oversubscribed and "OVERSUBSCRIBED" in forced[0].reason
     with pytest.raises(ValueError):
         plan_world_sizes([2], threads_per_worker=0, cores=2)
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/net/tcp"), reason="needs /proc/net/tcp (Linux) to list sockets"
+)
+def test_the_store_and_gloo_listen_on_loopback_only(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    found = launch(workers.listening_during_run, 2)[0]
+    assert found, "no listening socket found: the check would prove nothing"
+    assert [a for a in found if not a.startswith(("127.", "::1:"))] == [], found
