@@ -11,8 +11,11 @@ import urllib.request
 import numpy as np
 import pytest
 import torch
+import workers
 
+import helpers.reproduce as reproduce_module
 from helpers.large_batch import make_policies, measure_epoch_seconds, run_sweep
+from helpers.launch import launch
 from helpers.schedules import Constant, LinearWarmup, linearly_scaled_lr
 from helpers.training import (
     TrainConfig,
@@ -22,6 +25,8 @@ from helpers.training import (
     steps_per_epoch,
     validate,
 )
+
+TINY_RUN = ["--global-batch", "4096", "--epochs", "1", "--threads-per-worker", "1"]
 
 # One epoch at a large global batch keeps these runs to a few seconds each.
 SHORT = TrainConfig(global_batch=512, epochs=1, data="standin", return_weights=True)
@@ -112,22 +117,47 @@ def reproduce(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "words"),
     [
-        ["--workers", "0"],
-        ["--workers", "2", "--global-batch", "255"],
-        ["--global-batch", "100000"],
-        ["--threads-per-worker", "0"],
-        ["--data", "bogus"],
-        ["--epochs", "0"],
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
+        (["--workers", "2", "--global-batch", "255"], "255 is not divisible by 2 workers"),
+        (["--global-batch", "100000"], "larger than the 7352 training samples"),
+        (["--threads-per-worker", "0"], "--threads-per-worker must be at least 1, got 0"),
+        (["--data", "bogus"], "invalid choice: 'bogus'"),
+        (["--epochs", "0"], "epochs must be at least 1"),
+        (["--threads-per-worker", "100000"], "does not fit even 1 worker on"),
+        (["--json", "{tmp}/a-file/runs.json"], "cannot write --json"),
+        (["--json", "{tmp}"], "is a folder"),
     ],
 )
-def test_reproduce_refuses_bad_values_in_one_line(args):
+def test_reproduce_refuses_bad_values_in_one_line(args, words, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     done = reproduce(*args, "--data", "standin") if "--data" not in args else reproduce(*args)
-    assert done.returncode != 0
+    assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error" in lines[0], done.stderr
-    assert "Traceback" not in done.stderr
+    assert len(lines) == 1 and "error: " in lines[0] and words in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and "running" not in done.stderr  # nothing ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def test_reproduce_says_which_worker_failed_and_exits_1(monkeypatch, capsys):
+    def failing_run(*args, **kwargs):
+        return launch(workers.fail_on_rank, 2, 1, collective_timeout=30)  # real workers
+
+    monkeypatch.setattr(reproduce_module, "run_training", failing_run)
+    assert reproduce_module.main(["--workers", "1", "--data", "standin", *TINY_RUN]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "error: worker rank 1 of 2 failed: ValueError: bad input on rank 1"
+
+
+def test_reproduce_interrupted_exits_130(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce_module, "run_training", interrupted)
+    assert reproduce_module.main(["--workers", "1", "--data", "standin", *TINY_RUN]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted: all workers stopped"
 
 
 def test_reproduce_writes_one_record_per_run(tmp_path):
