@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import torch
 import workers
 
 import helpers.reproduce as reproduce_module
+from helpers.data import uci as uci_module
 from helpers.large_batch import make_policies, measure_epoch_seconds, run_sweep
 from helpers.launch import launch
 from helpers.schedules import Constant, LinearWarmup, linearly_scaled_lr
@@ -200,7 +200,7 @@ def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, ca
         tries.append(url)
         raise urllib.error.URLError("offline")
 
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    monkeypatch.setattr(uci_module, "_open", offline)
     if entry == "run_training":
         sources = [run_training(1, TrainConfig(global_batch=4096, epochs=1)).data_source]
     elif entry == "run_sweep":

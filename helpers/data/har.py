@@ -43,6 +43,7 @@ class HARSpec:
     """What a genuine copy of UCI HAR looks like. Tests check the same logic with a tiny one."""
 
     n_features: int = 561
+    n_subjects: int = 30  # volunteer ids run 1..30
     train_counts: tuple[int, ...] = (1226, 1073, 986, 1286, 1374, 1407)  # windows of labels 1..6
     test_counts: tuple[int, ...] = (496, 471, 420, 491, 532, 537)
     train_first_row: tuple[float, ...] = (
