@@ -383,13 +383,29 @@ def test_first_row_is_compared_with_a_small_tolerance(tmp_path):
     assert (tmp_path / "har" / "train" / "X_train.txt").read_bytes() == table(X)
 
 
-def test_escaping_member_in_extract_and_verify_writes_nothing(tmp_path):
-    archive, _ = make_bad("escape-dotdot", tmp_path / "archives")
+@pytest.mark.parametrize("kind", ["escape-dotdot", "escape-absolute", "escape-nested"])
+def test_escaping_member_in_extract_and_verify_writes_nothing(tmp_path, kind):
+    archive, _ = make_bad(kind, tmp_path / "archives")
     root = tmp_path / "a" / "b" / "har"
+    before = snapshot(tmp_path)
     with pytest.raises(HARDataError, match="refusing archive member"):
         extract_and_verify(archive, root, TINY)
     assert contents(root) == []
-    assert not (tmp_path / "a" / "escaped.txt").exists()
+    assert snapshot(tmp_path) == before  # nothing anywhere under tmp_path, har/ or outside it
+
+
+def test_the_nothing_written_check_catches_an_escaped_member(tmp_path):
+    """The check above can fail: a naive extraction of the same archive is caught by it."""
+    archive, _ = make_bad("escape-dotdot", tmp_path / "archives")
+    root = tmp_path / "a" / "b" / "har"
+    root.mkdir(parents=True)
+    before = snapshot(tmp_path)
+    with zipfile.ZipFile(archive) as zf:
+        name = next(n for n in zf.namelist() if "escaped" in n)
+        target = Path(os.path.normpath(root / name))  # what writing the name as given does
+        target.write_bytes(zf.read(name))
+    assert not target.is_relative_to(root)  # it landed outside har/ ...
+    assert snapshot(tmp_path) != before  # ... and the check sees it
 
 
 def test_interrupted_download_removes_its_temporary_file(tmp_path, monkeypatch):
