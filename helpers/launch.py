@@ -39,6 +39,7 @@ import torch.distributed as dist
 LOOPBACK = "127.0.0.1"
 DEFAULT_COLLECTIVE_TIMEOUT = 120.0  # seconds a single collective may wait for its peers
 ARTICLE_THREADS_PER_WORKER = 2  # the reference article gave each worker (one "machine") 2 threads
+PLAIN_DATA = "return plain data: numbers, strings, lists, dicts, NumPy arrays or tensors"
 
 
 class WorkerError(RuntimeError):
@@ -205,7 +206,13 @@ def _worker_main(
             dist.destroy_process_group()
         # Plain pickle, not the queue's: torch would share tensors through shared memory that
         # vanishes when this process exits, before the caller has read them.
-        results.put(("ok", rank, pickle.dumps(value)))
+        try:
+            payload = pickle.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"the return value cannot be pickled ({type(exc).__name__}: {exc}); {PLAIN_DATA}"
+            ) from exc
+        results.put(("ok", rank, payload))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the caller
         results.put(("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
@@ -267,18 +274,39 @@ def _explain(message: str, collective_timeout: float) -> str:
     return message
 
 
+def _unpickle(rank: int, payload: bytes, world_size: int) -> Any:
+    """A worker's return value, or a WorkerError if it cannot be rebuilt in this process."""
+    try:
+        return pickle.loads(payload)
+    except Exception as exc:
+        raise WorkerError(
+            f"worker rank {rank} of {world_size} returned a value that cannot be unpickled here "
+            f"({type(exc).__name__}: {exc}); {PLAIN_DATA}",
+            rank,
+        ) from None
+
+
 def _stop(processes: list[mp.process.BaseProcess], grace: float = 3.0) -> None:
-    """Terminate every worker still alive; kill those that ignore it."""
+    """Terminate every worker still alive; kill those that ignore it. A second Ctrl-C during
+    the grace period kills them at once, and only then reaches the caller."""
     processes = [p for p in processes if p.pid is not None]  # started ones only
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + grace
-    for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
+    try:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace
+        for p in processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+    except KeyboardInterrupt:
+        for p in processes:
+            if p.is_alive():
+                p.kill()
+        for p in processes:
             p.join(1.0)
+        raise
 
 
 _PEER_ERRORS = ("connection reset by peer", "connection closed by peer", "broken pipe")
@@ -376,7 +404,7 @@ def launch(
                 message = None
             if message is not None:
                 if message[0] == "ok":
-                    values[message[1]] = pickle.loads(message[2])
+                    values[message[1]] = _unpickle(message[1], message[2], world_size)
                 else:
                     errors.append(message[1:])
                     failed_at = failed_at or time.monotonic()
@@ -396,8 +424,10 @@ def launch(
         if errors:
             raise _failure(errors, [], processes, world_size, collective_timeout)
     finally:
-        _stop(processes)
-        results.close()
-        results.join_thread()
-        del store
+        try:
+            _stop(processes)
+        finally:  # even when a second Ctrl-C cut the stopping short
+            results.close()
+            results.join_thread()
+            del store
     return [values[rank] for rank in range(world_size)]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import threading
 import time
 
 import torch
@@ -97,3 +99,41 @@ def listening_during_run(rank: int, world: int) -> list[str]:
     found = listening_addresses([os.getppid(), *pids]) if rank == 0 else []
     dist.barrier()  # every worker's sockets stay open until rank 0 has looked
     return found
+
+
+def fail_everywhere(rank: int, world: int) -> int:
+    """Every rank fails with its own error, once all have started."""
+    dist.barrier()
+    raise ValueError(f"bad input on rank {rank}")
+
+
+def return_unpicklable(rank: int, world: int) -> object:
+    """Return something pickle refuses: a lock."""
+    return threading.Lock()
+
+
+def _refuse_to_load() -> None:
+    raise RuntimeError("this value cannot be rebuilt here")
+
+
+class Unloadable:
+    """Pickles fine, fails when the caller unpickles it."""
+
+    def __reduce__(self):  # noqa: ANN204
+        return (_refuse_to_load, ())
+
+
+def return_unloadable(rank: int, world: int) -> object:
+    return Unloadable()
+
+
+def stubborn_sleeper(rank: int, world: int, pid_dir: str, seconds: float) -> int:
+    """Like sleep_and_report_pid, but shrugs off SIGTERM (noting that it came), so that stopping
+    it takes the launcher's whole grace period, then a kill."""
+
+    def noted(signum: int, frame: object) -> None:
+        with open(os.path.join(pid_dir, f"{rank}.term"), "w") as f:
+            f.write("term")
+
+    signal.signal(signal.SIGTERM, noted)
+    return sleep_and_report_pid(rank, world, pid_dir, seconds)
