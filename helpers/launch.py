@@ -167,6 +167,21 @@ def loopback_interface() -> str:
     return "lo0" if sys.platform == "darwin" else "lo"
 
 
+_warned_interfaces: set[str] = set()
+
+
+def gloo_interface_notice() -> str | None:
+    """A one-line notice if the reader's ``GLOO_SOCKET_IFNAME`` takes Gloo off loopback
+    (the launcher only ever sets it to loopback), else None."""
+    name = os.environ.get("GLOO_SOCKET_IFNAME")
+    if not name or name == loopback_interface():
+        return None
+    return (
+        f"notice: GLOO_SOCKET_IFNAME={name} is set, so the workers' Gloo sockets listen on "
+        f"{name}, not only on loopback; unset it to keep them on {loopback_interface()}"
+    )
+
+
 def _exit_if_orphaned(parent_pid: int) -> None:
     """Workers die with their parent, even if it is killed without a chance to clean up."""
     while True:
@@ -367,6 +382,10 @@ def launch(
     if threads_per_worker < 1:
         raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
 
+    note = gloo_interface_notice()
+    if note and note not in _warned_interfaces:
+        _warned_interfaces.add(note)
+        print(note, file=sys.stderr, flush=True)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     store = _loopback_store(world_size, collective_timeout)

@@ -18,7 +18,9 @@ from helpers.launch import (
     WorkerError,
     available_cores,
     default_threads_per_worker,
+    gloo_interface_notice,
     launch,
+    loopback_interface,
     machine_cores,
     plan_world_sizes,
 )
@@ -275,3 +277,13 @@ def test_the_store_and_gloo_listen_on_loopback_only(monkeypatch):
     found = launch(workers.listening_during_run, 2)[0]
     assert found, "no listening socket found: the check would prove nothing"
     assert [a for a in found if not a.startswith(("127.", "::1:"))] == [], found
+
+
+def test_a_gloo_interface_set_by_the_reader_is_kept_but_named(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert gloo_interface_notice() is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", loopback_interface())
+    assert gloo_interface_notice() is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    note = gloo_interface_notice()
+    assert note.startswith("notice: GLOO_SOCKET_IFNAME=eth7") and "not only on loopback" in note
