@@ -637,7 +637,11 @@ def test_a_second_process_waits_for_the_first_ones_download(tmp_path, source):
             text=True,
         )
         # The second either waits for the lock, saying so, or (without a lock) finishes at once.
-        waited = second.stderr.readline()
+        waited = ""
+        for line in second.stderr:
+            waited += line
+            if "waiting for another process" in line:
+                break
         (signal / "go").touch()
         out, err = second.communicate(timeout=120)
         assert first.wait(timeout=120) == 0, first.stderr.read()
