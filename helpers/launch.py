@@ -289,6 +289,23 @@ def _explain(message: str, collective_timeout: float) -> str:
     return message
 
 
+def _start_ignoring_ctrl_c(processes: list[mp.process.BaseProcess]) -> None:
+    """Start the workers with SIGINT ignored from their first instruction (an ignored signal
+    stays ignored across exec, and Python keeps it so), so that a Ctrl-C a terminal sends to
+    the whole process group while they import torch cannot print a traceback from each; the
+    caller alone handles it, and stops them."""
+    if threading.current_thread() is not threading.main_thread():
+        for p in processes:
+            p.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for p in processes:
+            p.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _unpickle(rank: int, payload: bytes, world_size: int) -> Any:
     """A worker's return value, or a WorkerError if it cannot be rebuilt in this process."""
     try:
@@ -414,8 +431,7 @@ def launch(
     started = time.monotonic()
     failed_at: float | None = None
     try:
-        for p in processes:
-            p.start()
+        _start_ignoring_ctrl_c(processes)
         while len(values) + len(errors) < world_size:
             try:
                 message = results.get(timeout=0.1)
