@@ -43,7 +43,6 @@ class HARSpec:
     """What a genuine copy of UCI HAR looks like. Tests check the same logic with a tiny one."""
 
     n_features: int = 561
-    n_subjects: int = 30  # volunteer ids run 1..30
     train_counts: tuple[int, ...] = (1226, 1073, 986, 1286, 1374, 1407)  # windows of labels 1..6
     test_counts: tuple[int, ...] = (496, 471, 420, 491, 532, 537)
     train_first_row: tuple[float, ...] = (
@@ -52,6 +51,7 @@ class HARSpec:
     test_first_row: tuple[float, ...] = (0.25717778, -0.02328523, -0.014653762, -0.938404)
     activities: tuple[str, ...] = ACTIVITIES
     atol: float = 1e-6
+    n_subjects: int = 30  # volunteer ids run 1..30
 
     def counts(self, split: str) -> tuple[int, ...]:
         return self.train_counts if split == "train" else self.test_counts
