@@ -126,7 +126,7 @@ def run_sweep(
     batches: Sequence[int],
     policies: Sequence[Policy],
     epochs: int,
-    data: str = "auto",
+    data: str | None = None,
     threads: int | None = None,
     progress: Progress = None,
 ) -> pd.DataFrame:
@@ -230,7 +230,7 @@ def measure_epoch_seconds(
     world_sizes: Sequence[int],
     batches: Sequence[int],
     n_samples: int,
-    data: str = "auto",
+    data: str | None = None,
     min_steps: int = 8,
     threads_per_worker: int | None = None,
     oversubscribe: bool = False,

@@ -1,8 +1,10 @@
 """Start N worker processes on this machine, run one function in each, collect what they return.
 
 Each worker is a fresh Python process (``spawn``), joined into a Gloo process group that
-listens on loopback only. The rendezvous store is created here, in the caller, on a port the
-operating system picks, so runs never collide with another program on 29500 or any fixed port.
+listens on loopback only (unless the reader has set ``GLOO_SOCKET_IFNAME``). The rendezvous
+store is created here, in the caller, bound to 127.0.0.1 on a port the operating system picks,
+so runs never collide with another program on 29500 or any fixed port and are never reachable
+from the network.
 
 Guarantees a notebook needs:
 - results come back in rank order;
@@ -37,6 +39,7 @@ import torch.distributed as dist
 LOOPBACK = "127.0.0.1"
 DEFAULT_COLLECTIVE_TIMEOUT = 120.0  # seconds a single collective may wait for its peers
 ARTICLE_THREADS_PER_WORKER = 2  # the reference article gave each worker (one "machine") 2 threads
+PLAIN_DATA = "return plain data: numbers, strings, lists, dicts, NumPy arrays or tensors"
 
 
 class WorkerError(RuntimeError):
@@ -164,6 +167,21 @@ def loopback_interface() -> str:
     return "lo0" if sys.platform == "darwin" else "lo"
 
 
+_warned_interfaces: set[str] = set()
+
+
+def gloo_interface_notice() -> str | None:
+    """A one-line notice if the reader's ``GLOO_SOCKET_IFNAME`` takes Gloo off loopback
+    (the launcher only ever sets it to loopback), else None."""
+    name = os.environ.get("GLOO_SOCKET_IFNAME")
+    if not name or name == loopback_interface():
+        return None
+    return (
+        f"notice: GLOO_SOCKET_IFNAME={name} is set, so the workers' Gloo sockets listen on "
+        f"{name}, not only on loopback; unset it to keep them on {loopback_interface()}"
+    )
+
+
 def _exit_if_orphaned(parent_pid: int) -> None:
     """Workers die with their parent, even if it is killed without a chance to clean up."""
     while True:
@@ -203,12 +221,44 @@ def _worker_main(
             dist.destroy_process_group()
         # Plain pickle, not the queue's: torch would share tensors through shared memory that
         # vanishes when this process exits, before the caller has read them.
-        results.put(("ok", rank, pickle.dumps(value)))
+        try:
+            payload = pickle.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"the return value cannot be pickled ({type(exc).__name__}: {exc}); {PLAIN_DATA}"
+            ) from exc
+        results.put(("ok", rank, payload))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the caller
         results.put(("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
 
 # --------------------------------------------------------------------------- the caller side
+
+
+def _loopback_store(world_size: int, collective_timeout: float) -> dist.TCPStore:
+    """The rendezvous store, listening on 127.0.0.1 only, on a free port the OS picks.
+
+    ``TCPStore(LOOPBACK, 0, is_master=True)`` would listen on every interface, and the store is
+    unauthenticated: bind the socket ourselves and hand it over instead.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, 0))
+        sock.listen()
+        store = dist.TCPStore(
+            LOOPBACK,
+            sock.getsockname()[1],
+            world_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=collective_timeout),
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now and closes it
+    return store
 
 
 def _check_spawnable(fn: Callable[..., Any]) -> None:
@@ -239,18 +289,56 @@ def _explain(message: str, collective_timeout: float) -> str:
     return message
 
 
+def _start_ignoring_ctrl_c(processes: list[mp.process.BaseProcess]) -> None:
+    """Start the workers with SIGINT ignored from their first instruction (an ignored signal
+    stays ignored across exec, and Python keeps it so), so that a Ctrl-C a terminal sends to
+    the whole process group while they import torch cannot print a traceback from each; the
+    caller alone handles it, and stops them."""
+    if threading.current_thread() is not threading.main_thread():
+        for p in processes:
+            p.start()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for p in processes:
+            p.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _unpickle(rank: int, payload: bytes, world_size: int) -> Any:
+    """A worker's return value, or a WorkerError if it cannot be rebuilt in this process."""
+    try:
+        return pickle.loads(payload)
+    except Exception as exc:
+        raise WorkerError(
+            f"worker rank {rank} of {world_size} returned a value that cannot be unpickled here "
+            f"({type(exc).__name__}: {exc}); {PLAIN_DATA}",
+            rank,
+        ) from None
+
+
 def _stop(processes: list[mp.process.BaseProcess], grace: float = 3.0) -> None:
-    """Terminate every worker still alive; kill those that ignore it."""
+    """Terminate every worker still alive; kill those that ignore it. A second Ctrl-C during
+    the grace period kills them at once, and only then reaches the caller."""
     processes = [p for p in processes if p.pid is not None]  # started ones only
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + grace
-    for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
+    try:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + grace
+        for p in processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+    except KeyboardInterrupt:
+        for p in processes:
+            if p.is_alive():
+                p.kill()
+        for p in processes:
             p.join(1.0)
+        raise
 
 
 _PEER_ERRORS = ("connection reset by peer", "connection closed by peer", "broken pipe")
@@ -311,17 +399,13 @@ def launch(
     if threads_per_worker < 1:
         raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
 
+    note = gloo_interface_notice()
+    if note and note not in _warned_interfaces:
+        _warned_interfaces.add(note)
+        print(note, file=sys.stderr, flush=True)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    # The store lives here, on a free port chosen by the OS; workers connect to it as clients.
-    store = dist.TCPStore(
-        LOOPBACK,
-        0,
-        world_size,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=collective_timeout),
-    )
+    store = _loopback_store(world_size, collective_timeout)
     processes = [
         ctx.Process(
             target=_worker_main,
@@ -347,8 +431,7 @@ def launch(
     started = time.monotonic()
     failed_at: float | None = None
     try:
-        for p in processes:
-            p.start()
+        _start_ignoring_ctrl_c(processes)
         while len(values) + len(errors) < world_size:
             try:
                 message = results.get(timeout=0.1)
@@ -356,7 +439,7 @@ def launch(
                 message = None
             if message is not None:
                 if message[0] == "ok":
-                    values[message[1]] = pickle.loads(message[2])
+                    values[message[1]] = _unpickle(message[1], message[2], world_size)
                 else:
                     errors.append(message[1:])
                     failed_at = failed_at or time.monotonic()
@@ -376,8 +459,10 @@ def launch(
         if errors:
             raise _failure(errors, [], processes, world_size, collective_timeout)
     finally:
-        _stop(processes)
-        results.close()
-        results.join_thread()
-        del store
+        try:
+            _stop(processes)
+        finally:  # even when a second Ctrl-C cut the stopping short
+            results.close()
+            results.join_thread()
+            del store
     return [values[rank] for rank in range(world_size)]

@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.data import SOURCES, HARDataError, HARSpec, load_har
-from helpers.launch import WorkerError, default_threads_per_worker, plan_world_sizes
+from helpers.data.files import atomic_write
+from helpers.launch import WorkerError, WorldPlan, default_threads_per_worker, plan_world_sizes
 from helpers.measure import efficiency, machine_facts, speedup
 from helpers.training import RunResult, TrainConfig, run_training, validate
 
@@ -143,20 +145,47 @@ def check_settings(settings: list[Setting], worlds: list[int], n_train: int) -> 
             validate(TrainConfig(global_batch=s.global_batch, epochs=s.epochs), world, n_train)
 
 
+def check_plans(plans: list[WorldPlan]) -> None:
+    """Refuse thread counts that leave no world size to run, 1 included, saying what fits."""
+    if not any(plan.runs for plan in plans):
+        cores = plans[0].cores
+        raise ValueError(
+            f"--threads-per-worker {plans[0].threads_per_worker} does not fit even 1 worker on "
+            f"{cores} cores: use at most {cores}, or pass --oversubscribe"
+        )
+
+
+def check_writable(path: Path) -> None:
+    """Make sure the --json report can be written, by creating (and removing) a file beside it."""
+    if path.is_dir():
+        raise ValueError(f"--json {path} is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+            pass
+    except OSError as err:
+        raise ValueError(
+            f"cannot write --json {path} ({err.strerror or err}); choose a writable path"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = settings_from(args)
     worlds = sorted(set(args.workers) | {1})
+    threads = args.threads_per_worker or default_threads_per_worker()
     try:
         check_settings(settings, worlds, HARSpec().n_rows("train"))  # before any download
+        plans = plan_world_sizes(worlds, threads, oversubscribe=args.oversubscribe)
+        check_plans(plans)
+        if args.json:
+            check_writable(args.json)  # before the runs, not after them
         data = load_har(args.data)
         check_settings(settings, worlds, len(data.y_train))  # the recordings have their own count
     except (ValueError, HARDataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     facts = machine_facts()
-    threads = args.threads_per_worker or default_threads_per_worker()
-    plans = plan_world_sizes(worlds, threads, oversubscribe=args.oversubscribe)
     print(data.banner)
     print(f"machine: {facts['cores']} cores, {facts['cpu']}; torch {facts['torch']}")
     print(f"threads: {threads} per worker ({facts['thread_policy']})")
@@ -192,19 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": facts,
-                    "data_source": data.source,
-                    "data": data.banner,
-                    "threads_per_worker": threads,
-                    "runs": records,
-                },
-                indent=2,
-            )
-        )
+        report = {
+            "machine": facts,
+            "data_source": data.source,
+            "data": data.banner,
+            "threads_per_worker": threads,
+            "runs": records,
+        }
+        atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=2).encode()))
         print(f"wrote {args.json}")
     return 0
 

@@ -45,7 +45,9 @@ class TrainConfig:
     lr: float = 0.05
     schedule: Schedule = field(default_factory=Constant)  # multiplies lr, step by step
     seed: int = 0
-    data: str = "auto"  # auto | uci | recordings | standin (resolved once by the caller)
+    # auto | uci | recordings | standin; None: $HAR_DATA, else auto (resolved once by the
+    # caller, so that every worker loads the same data)
+    data: str | None = None
     # The common mistakes, made switchable so that a notebook can show what they do:
     sync: Sync = "ddp"  # ddp: DDP; allreduce: average gradients by hand, no initial broadcast;
     #                     none: no communication at all, every worker trains alone

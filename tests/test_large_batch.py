@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.data import load_har
 from helpers.large_batch import (
     BASE_BATCH,
     BASE_LR,
@@ -25,8 +26,9 @@ from helpers.large_batch import (
     time_to_accuracy,
     time_to_accuracy_table,
 )
+from helpers.model import make_mlp
 from helpers.schedules import Constant, LinearWarmup
-from helpers.training import TrainConfig, epochs_for_min_steps, lr_at
+from helpers.training import TrainConfig, epochs_for_min_steps, lr_at, train_in_process
 
 CONSTANT, LINEAR, WARMUP = make_policies(warmup_epochs=2)
 
@@ -183,7 +185,17 @@ def test_sharpness_matches_the_hessian_of_a_softmax_model():
 
 
 def test_sharpness_during_training_reports_the_stable_lr():
-    table = sharpness_during_training([0], TrainConfig(data="standin"), n_samples=128, iters=5)
-    assert table["epochs"].tolist() == [0]
-    value = table["sharpness"].iloc[0]
-    assert value > 0 and table["max_stable_lr"].iloc[0] == pytest.approx(2 / value)
+    """It trains for each number of epochs, as train_in_process does, then measures."""
+    config = TrainConfig(global_batch=2048, epochs=1, lr=0.5, data="standin", return_weights=True)
+    table = sharpness_during_training([0, 1], config, n_samples=32, iters=3, threads=1)
+    assert table["epochs"].tolist() == [0, 1]
+    at_start, trained = table["sharpness"].tolist()
+    assert trained != at_start  # the second point really was trained
+    np.testing.assert_allclose(table["max_stable_lr"], [2 / at_start, 2 / trained])
+    # the same training done by train_in_process, measured by hand, gives the same sharpness
+    model = make_mlp()
+    weights = train_in_process(config, threads=1).weights[0]
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(weights).float(), model.parameters())
+    data = load_har("standin")
+    X, y = torch.from_numpy(data.X_train[:32]), torch.from_numpy(data.y_train[:32])
+    assert sharpness(model, X, y, iters=3) == pytest.approx(trained, rel=1e-4)

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -19,7 +18,9 @@ from helpers.launch import (
     WorkerError,
     available_cores,
     default_threads_per_worker,
+    gloo_interface_notice,
     launch,
+    loopback_interface,
     machine_cores,
     plan_world_sizes,
 )
@@ -102,32 +103,138 @@ def test_functions_spawned_workers_cannot_import_are_refused_at_once():
         launch(workers.rank_and_sum, 0)
 
 
-def test_ctrl_c_stops_every_worker(tmp_path: Path):
-    script = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import workers
-        from helpers.launch import launch
-        if __name__ == "__main__":
-            try:
-                launch(workers.sleep_and_report_pid, 2, {str(tmp_path)!r}, 120.0)
-            except KeyboardInterrupt:
-                print("interrupted", flush=True)
-                sys.exit(130)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    pid_files = [tmp_path / "0.pid", tmp_path / "1.pid"]
-    deadline = time.monotonic() + 60
-    while not all(f.exists() and f.read_text() for f in pid_files):
-        assert time.monotonic() < deadline, "workers never started"
-        assert proc.poll() is None, "launcher exited early"
+LAUNCHER = """
+import multiprocessing as mp
+import sys
+sys.path.insert(0, {tests!r})
+import workers
+from helpers.launch import launch
+if __name__ == "__main__":
+    try:
+        launch(workers.{fn}, 2, {pid_dir!r}, 120.0)
+    except KeyboardInterrupt:
+        # Still alive here, so the orphan watchdog cannot have stopped the workers.
+        print("interrupted; workers alive:", len(mp.active_children()), flush=True)
+        sys.exit(130)
+"""
+
+
+@pytest.fixture
+def start_launcher(tmp_path: Path):
+    """Start a script that launches 2 workers running ``fn`` (which sleep), as a terminal
+    would; any still running at the end of the test is killed."""
+    started: list[subprocess.Popen] = []
+
+    def start(fn: str = "sleep_and_report_pid", **popen) -> subprocess.Popen:
+        code = LAUNCHER.format(tests=str(Path(__file__).parent), fn=fn, pid_dir=str(tmp_path))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            **popen,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()  # its workers follow, through the orphan watchdog
+            proc.communicate()
+
+
+def wait_for_files(proc: subprocess.Popen, files: list[Path]) -> None:
+    """Wait until every file exists and is written (a bound for a hang, not a timing)."""
+    deadline = time.monotonic() + 120
+    while not all(f.exists() and f.read_text() for f in files):
+        assert time.monotonic() < deadline, "the workers never got there"
+        assert proc.poll() is None, f"launcher exited early: {proc.communicate()}"
         time.sleep(0.1)
-    pids = [int(f.read_text()) for f in pid_files]
-    proc.send_signal(signal.SIGINT)  # what Ctrl-C or interrupting a notebook cell sends
-    out, _ = proc.communicate(timeout=15)
-    assert proc.returncode == 130 and "interrupted" in out
-    time.sleep(0.2)
-    assert not any(pid_alive(pid) for pid in pids), "a worker outlived the interrupt"
+
+
+def wait_for_pids(tmp_path: Path, proc: subprocess.Popen) -> list[int]:
+    files = [tmp_path / "0.pid", tmp_path / "1.pid"]
+    wait_for_files(proc, files)
+    return [int(f.read_text()) for f in files]
+
+
+def wait_until_dead(pids: list[int]) -> list[int]:
+    """The pids still alive once they have had ample time to exit (a bound for a hang)."""
+    deadline = time.monotonic() + 30
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if pid_alive(pid)]
+
+
+def test_ctrl_c_stops_every_worker(tmp_path: Path, start_launcher):
+    proc = start_launcher()
+    pids = wait_for_pids(tmp_path, proc)
+    proc.send_signal(signal.SIGINT)  # what interrupting a notebook cell sends
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "workers alive: 0" in out, out + err
+    assert wait_until_dead(pids) == []
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_whole_process_group(tmp_path: Path, start_launcher):
+    """A terminal sends SIGINT to every process of the foreground group, workers included:
+    they must leave the clean-up to the launcher, without a traceback each."""
+    proc = start_launcher(start_new_session=True)
+    pids = wait_for_pids(tmp_path, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "workers alive: 0" in out, out + err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert wait_until_dead(pids) == []
+
+
+def test_a_second_ctrl_c_during_clean_up_kills_the_workers_at_once(tmp_path: Path, start_launcher):
+    proc = start_launcher("stubborn_sleeper")  # its workers shrug off SIGTERM
+    pids = wait_for_pids(tmp_path, proc)
+    proc.send_signal(signal.SIGINT)
+    wait_for_files(proc, [tmp_path / "0.term", tmp_path / "1.term"])  # in the grace period
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "workers alive: 0" in out, out + err
+    assert wait_until_dead(pids) == []
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path: Path, start_launcher):
+    """SIGKILL leaves the launcher no chance to clean up: the orphan watchdog must."""
+    proc = start_launcher()
+    pids = wait_for_pids(tmp_path, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert wait_until_dead(pids) == [], "workers outlived their killed parent"
+
+
+def test_the_whole_run_timeout_stops_every_worker(tmp_path: Path):
+    with pytest.raises(WorkerError, match=r"the 2 workers did not finish within 3 s; all stopped"):
+        launch(workers.sleep_and_report_pid, 2, str(tmp_path), 120.0, timeout=3)
+    assert mp.active_children() == []  # stopped, whether they had started sleeping or not
+
+
+def test_return_values_that_cannot_be_pickled_are_one_clear_error():
+    with pytest.raises(WorkerError) as info:
+        launch(workers.return_unpicklable, 2)
+    message = str(info.value)
+    assert "\n" not in message and "cannot be pickled" in message and "return plain data" in message
+    with pytest.raises(WorkerError, match=r"returned a value that cannot be unpickled here"):
+        launch(workers.return_unloadable, 2)
+    assert mp.active_children() == []
+
+
+def test_several_workers_failing_at_once_are_all_reported():
+    with pytest.raises(WorkerError) as info:
+        launch(workers.fail_everywhere, 3, collective_timeout=30)
+    err = info.value
+    assert (
+        str(err) == f"worker rank {err.rank} of 3 failed: ValueError: bad input on rank {err.rank}"
+    )
+    others = [note for note in err.__notes__ if "then failed too" in note]
+    assert all("ValueError: bad input on rank" in note for note in others)
+    assert len(others) <= 2 and f"rank {err.rank} then" not in " ".join(others)
+    assert mp.active_children() == []
 
 
 def test_thread_defaults_follow_the_article_where_cores_allow():
@@ -160,3 +267,23 @@ def test_world_sizes_that_oversubscribe_are_skipped_or_flagged():
     assert forced[0].runs and forced[0].oversubscribed and "OVERSUBSCRIBED" in forced[0].reason
     with pytest.raises(ValueError):
         plan_world_sizes([2], threads_per_worker=0, cores=2)
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/net/tcp"), reason="needs /proc/net/tcp (Linux) to list sockets"
+)
+def test_the_store_and_gloo_listen_on_loopback_only(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    found = launch(workers.listening_during_run, 2)[0]
+    assert found, "no listening socket found: the check would prove nothing"
+    assert [a for a in found if not a.startswith(("127.", "::1:"))] == [], found
+
+
+def test_a_gloo_interface_set_by_the_reader_is_kept_but_named(monkeypatch):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert gloo_interface_notice() is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", loopback_interface())
+    assert gloo_interface_notice() is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    note = gloo_interface_notice()
+    assert note.startswith("notice: GLOO_SOCKET_IFNAME=eth7") and "not only on loopback" in note

@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.error
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+import workers
 
+import helpers.reproduce as reproduce_module
+from helpers.data import uci as uci_module
+from helpers.large_batch import make_policies, measure_epoch_seconds, run_sweep
+from helpers.launch import available_cores, launch, plan_world_sizes
 from helpers.schedules import Constant, LinearWarmup, linearly_scaled_lr
 from helpers.training import (
     TrainConfig,
@@ -17,8 +24,11 @@ from helpers.training import (
     local_slice,
     run_training,
     steps_per_epoch,
+    train_in_process,
     validate,
 )
+
+TINY_RUN = ["--global-batch", "4096", "--epochs", "1", "--threads-per-worker", "1"]
 
 # One epoch at a large global batch keeps these runs to a few seconds each.
 SHORT = TrainConfig(global_batch=512, epochs=1, data="standin", return_weights=True)
@@ -66,6 +76,36 @@ def test_ddp_broadcast_repairs_different_seeds_but_hand_averaging_does_not():
     assert not run_training(2, TrainConfig(**seeds, sync="allreduce")).replicas_identical
 
 
+def test_three_workers_train_like_one_oversubscribed_or_not():
+    """An odd world size, where the cores allow it, else run anyway and flagged."""
+    plan = plan_world_sizes([3], threads_per_worker=1)[0]
+    if not plan.runs:
+        plan = plan_world_sizes([3], threads_per_worker=1, oversubscribe=True)[0]
+    config = replace(SHORT, global_batch=3072)  # 3 x 1024, 2 steps
+    three = run_training(3, config, plan.threads_per_worker, plan.oversubscribed)
+    assert three.oversubscribed == (3 > available_cores())
+    assert three.replicas_identical and len(three.checksums) == 3
+    assert three.steps == 2
+    alone = train_in_process(config, threads=1)
+    # Averaging three gradients rounds (a third is not exact in binary) more than two do;
+    # a different training differs by 1e-2 and more (see the seed check above).
+    np.testing.assert_allclose(three.weights[0], alone.weights[0], rtol=0, atol=1e-4)
+    assert abs(three.accuracy - alone.accuracy) < 2 / 2947
+
+
+def test_in_process_training_matches_the_workers_and_records_accuracy():
+    """Notebook 05 trains in process on the grounds that it does what the workers do; and the
+    per-epoch accuracy recorded inside the workers is the accuracy of the model at that point."""
+    config = replace(SHORT, global_batch=2048, epochs=2, record_accuracy=True)  # 6 steps
+    workers_run = run_training(2, config)
+    alone = train_in_process(config, threads=1)
+    np.testing.assert_allclose(workers_run.weights[0], alone.weights[0], rtol=0, atol=1e-5)
+    assert len(workers_run.epoch_accuracies) == len(alone.epoch_accuracies) == 2
+    np.testing.assert_allclose(workers_run.epoch_accuracies, alone.epoch_accuracies, atol=2 / 2947)
+    assert workers_run.epoch_accuracies[-1] == workers_run.accuracy  # after the last epoch
+    assert workers_run.epoch_accuracies[1] != workers_run.epoch_accuracies[0]
+
+
 def test_local_slices_partition_every_global_batch():
     order = epoch_order(7352, epoch=3)
     assert torch.equal(order, epoch_order(7352, epoch=3))  # every worker sees the same order
@@ -109,22 +149,47 @@ def reproduce(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "words"),
     [
-        ["--workers", "0"],
-        ["--workers", "2", "--global-batch", "255"],
-        ["--global-batch", "100000"],
-        ["--threads-per-worker", "0"],
-        ["--data", "bogus"],
-        ["--epochs", "0"],
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
+        (["--workers", "2", "--global-batch", "255"], "255 is not divisible by 2 workers"),
+        (["--global-batch", "100000"], "larger than the 7352 training samples"),
+        (["--threads-per-worker", "0"], "--threads-per-worker must be at least 1, got 0"),
+        (["--data", "bogus"], "invalid choice: 'bogus'"),
+        (["--epochs", "0"], "epochs must be at least 1"),
+        (["--threads-per-worker", "100000"], "does not fit even 1 worker on"),
+        (["--json", "{tmp}/a-file/runs.json"], "cannot write --json"),
+        (["--json", "{tmp}"], "is a folder"),
     ],
 )
-def test_reproduce_refuses_bad_values_in_one_line(args):
+def test_reproduce_refuses_bad_values_in_one_line(args, words, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     done = reproduce(*args, "--data", "standin") if "--data" not in args else reproduce(*args)
-    assert done.returncode != 0
+    assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error" in lines[0], done.stderr
-    assert "Traceback" not in done.stderr
+    assert len(lines) == 1 and "error: " in lines[0] and words in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and "running" not in done.stderr  # nothing ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def test_reproduce_says_which_worker_failed_and_exits_1(monkeypatch, capsys):
+    def failing_run(*args, **kwargs):
+        return launch(workers.fail_on_rank, 2, 1, collective_timeout=30)  # real workers
+
+    monkeypatch.setattr(reproduce_module, "run_training", failing_run)
+    assert reproduce_module.main(["--workers", "1", "--data", "standin", *TINY_RUN]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "error: worker rank 1 of 2 failed: ValueError: bad input on rank 1"
+
+
+def test_reproduce_interrupted_exits_130(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce_module, "run_training", interrupted)
+    assert reproduce_module.main(["--workers", "1", "--data", "standin", *TINY_RUN]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted: all workers stopped"
 
 
 def test_reproduce_writes_one_record_per_run(tmp_path):
@@ -153,3 +218,28 @@ def test_reproduce_writes_one_record_per_run(tmp_path):
         assert r["replicas_identical"] and len(r["checksums"]) == r["world"]
         assert set(r) >= {"threads_per_worker", "accuracy", "startup_seconds"}
     assert abs(runs[0]["accuracy"] - runs[1]["accuracy"]) < 2 / 2947
+
+
+@pytest.mark.parametrize("entry", ["run_training", "run_sweep", "measure_epoch_seconds"])
+def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, capsys):
+    """TrainConfig's default must mean $HAR_DATA (else auto), in the caller and the workers:
+    with HAR_DATA=standin nothing may try the network, as "auto" would in an empty folder."""
+    monkeypatch.setenv("HAR_DATA", "standin")
+    monkeypatch.setenv("HAR_ROOT", str(tmp_path / "har"))
+    tries = []
+
+    def offline(url, *args, **kwargs):
+        tries.append(url)
+        raise urllib.error.URLError("offline")
+
+    monkeypatch.setattr(uci_module, "_open", offline)
+    if entry == "run_training":
+        sources = [run_training(1, TrainConfig(global_batch=4096, epochs=1)).data_source]
+    elif entry == "run_sweep":
+        table = run_sweep([4096], make_policies(0)[:1], epochs=1, threads=1)
+        sources = list(table["data_source"])
+    else:
+        table, _ = measure_epoch_seconds([1], [4096], 7352, min_steps=1, threads_per_worker=1)
+        sources = ["standin" if len(table) else "none"]  # the table does not name the source
+    assert sources == ["standin"] and tries == []
+    assert "notice" not in capsys.readouterr().err

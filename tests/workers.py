@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import threading
 import time
 
 import torch
@@ -52,3 +55,85 @@ def sleep_and_report_pid(rank: int, world: int, pid_dir: str, seconds: float) ->
 def return_tensor(rank: int, world: int) -> torch.Tensor:
     """Return a tensor: it must survive the worker's exit."""
     return torch.full((1000,), float(rank))
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process pid holds open."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp's "0100007F:1F90" as "127.0.0.1:8080" (IPv6 as 32 hex digits)."""
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian words
+    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+    return f"{socket.inet_ntop(family, words)}:{int(port, 16)}"
+
+
+def listening_addresses(pids: list[int]) -> list[str]:
+    """Every TCP address the given processes listen on, from /proc/net/tcp and tcp6."""
+    inodes = set().union(*(_socket_inodes(pid) for pid in pids))
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    found.append(_address(fields[1]))
+    return found
+
+
+def listening_during_run(rank: int, world: int) -> list[str]:
+    """Rank 0 lists what the caller and every worker listen on while the group is up."""
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    found = listening_addresses([os.getppid(), *pids]) if rank == 0 else []
+    dist.barrier()  # every worker's sockets stay open until rank 0 has looked
+    return found
+
+
+def fail_everywhere(rank: int, world: int) -> int:
+    """Every rank fails with its own error, once all have started."""
+    dist.barrier()
+    raise ValueError(f"bad input on rank {rank}")
+
+
+def return_unpicklable(rank: int, world: int) -> object:
+    """Return something pickle refuses: a lock."""
+    return threading.Lock()
+
+
+def _refuse_to_load() -> None:
+    raise RuntimeError("this value cannot be rebuilt here")
+
+
+class Unloadable:
+    """Pickles fine, fails when the caller unpickles it."""
+
+    def __reduce__(self):  # noqa: ANN204
+        return (_refuse_to_load, ())
+
+
+def return_unloadable(rank: int, world: int) -> object:
+    return Unloadable()
+
+
+def stubborn_sleeper(rank: int, world: int, pid_dir: str, seconds: float) -> int:
+    """Like sleep_and_report_pid, but shrugs off SIGTERM (noting that it came), so that stopping
+    it takes the launcher's whole grace period, then a kill."""
+
+    def noted(signum: int, frame: object) -> None:
+        with open(os.path.join(pid_dir, f"{rank}.term"), "w") as f:
+            f.write("term")
+
+    signal.signal(signal.SIGTERM, noted)
+    return sleep_and_report_pid(rank, world, pid_dir, seconds)

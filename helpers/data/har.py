@@ -51,6 +51,7 @@ class HARSpec:
     test_first_row: tuple[float, ...] = (0.25717778, -0.02328523, -0.014653762, -0.938404)
     activities: tuple[str, ...] = ACTIVITIES
     atol: float = 1e-6
+    n_subjects: int = 30  # volunteer ids run 1..30
 
     def counts(self, split: str) -> tuple[int, ...]:
         return self.train_counts if split == "train" else self.test_counts

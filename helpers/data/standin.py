@@ -3,21 +3,49 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from helpers.data.files import atomic_write
+from helpers.data.files import atomic_write, hash_key, locked, remove_stale
 from helpers.data.har import ARRAYS, TEST_SUBJECTS, TRAIN_SUBJECTS, HARData, HARSpec
 
-STANDIN_VERSION = 1  # bump whenever make_standin changes, so old caches are not reused
 STANDIN_BANNER = "data: HAR-shaped stand-in (synthetic; not UCI HAR results)"
+_STALE = ("cache/.standin-*.tmp",)  # what a killed run's atomic_write leaves behind
+
+
+def standin_key(seed: int = 0) -> str:
+    """The stand-in cache's key: a hash of the generator's code and of every input it reads,
+    so that changing any of them can never feed an old cache to the tests or nbval."""
+    code = [inspect.getsource(f) for f in (make_standin, _standin_labels)]
+    spec = HARSpec()
+    return hash_key(
+        *code, seed, TRAIN_SUBJECTS, TEST_SUBJECTS, spec.train_counts, spec.test_counts,
+        np.__version__,
+    )  # fmt: skip
 
 
 def load_standin(root: Path) -> HARData:
     """The stand-in, from its cache if there (generated and cached otherwise)."""
-    path = root / "cache" / f"standin-v{STANDIN_VERSION}.npz"
+    path = root / "cache" / f"standin-{standin_key()[:16]}.npz"
+    data = _read_standin(path)
+    if data is not None:
+        return data
+    with locked(root / ".standin.lock"):  # a second process waits, then reads the cache
+        remove_stale(root, _STALE)
+        data = _read_standin(path)
+        if data is not None:
+            return data
+        data = make_standin()
+        arrays = {name: getattr(data, name) for name in ARRAYS}
+        with contextlib.suppress(OSError):  # a read-only root only costs regenerating each time
+            atomic_write(path, lambda f: np.savez(f, **arrays))
+    return data
+
+
+def _read_standin(path: Path) -> HARData | None:
     try:
         with np.load(path) as saved:
             arrays = {name: saved[name] for name in ARRAYS}
@@ -25,11 +53,7 @@ def load_standin(root: Path) -> HARData:
             return HARData(**arrays, source="standin", banner=STANDIN_BANNER)
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         pass
-    data = make_standin()
-    arrays = {name: getattr(data, name) for name in ARRAYS}
-    with contextlib.suppress(OSError):  # a read-only root only costs regenerating each time
-        atomic_write(path, lambda f: np.savez(f, **arrays))
-    return data
+    return None
 
 
 def _standin_labels(

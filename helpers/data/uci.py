@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import filecmp
+import http.client
 import json
+import lzma
 import os
 import shutil
 import sys
@@ -19,7 +21,7 @@ from typing import IO
 
 import numpy as np
 
-from helpers.data.files import atomic_write
+from helpers.data.files import atomic_write, hash_key, locked, remove_stale
 from helpers.data.har import (
     ARRAYS,
     SPLITS,
@@ -46,7 +48,7 @@ FILES = (
     "features.txt",
     "activity_labels.txt",
 )
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: the key holds the SHA-256 of the bytes parsed
 UCI_BANNER = "data: UCI HAR (verified, {where})"
 
 
@@ -57,7 +59,32 @@ class _Unverified(ValueError):
 _download_failed: dict[Path, str] = {}  # root -> why, so that "auto" tries the network once
 
 
+# What a killed run leaves behind: the download, the staging folder, half-written cache files.
+_STALE = (".download-*.tmp", ".staging-*", "cache/.uci*.tmp")
+
+
+def _uci_lock(root: Path) -> contextlib.AbstractContextManager[bool]:
+    """The lock every writer of UCI HAR files in root holds (see files.locked)."""
+    return locked(root / ".uci.lock")
+
+
 def load_uci(root: Path, spec: HARSpec, download: bool, retry: bool = True) -> HARData:
+    """UCI HAR from root: the binary cache if it matches the text files, else the text parsed
+    and verified (downloaded first if absent and ``download``). A second process building the
+    same copy waits for the first."""
+    arrays = _read_cache(root, spec)  # the common case, without waiting for any lock
+    if arrays is not None:
+        return HARData(**arrays, source="uci", banner=UCI_BANNER.format(where=where(root)))
+    if not download and not root.is_dir():
+        raise HARDataError(
+            f"UCI HAR is not in {where(root)} and downloading is off; {_download_advice(root)}"
+        )
+    with _uci_lock(root):
+        remove_stale(root, _STALE)
+        return _load_uci_locked(root, spec, download, retry)
+
+
+def _load_uci_locked(root: Path, spec: HARSpec, download: bool, retry: bool) -> HARData:
     at = where(root)
     present = [rel for rel in FILES if (root / rel).is_file()]
     if not present:
@@ -83,40 +110,54 @@ def load_uci(root: Path, spec: HARSpec, download: bool, retry: bool = True) -> H
     arrays = _read_cache(root, spec)
     if arrays is None:
         try:
-            arrays = _verify_dir(root, spec)
+            arrays, parsed = _verify_dir(root, spec)
         except _Unverified as err:
             raise HARDataError(
                 f"{at} holds UCI HAR files that do not verify ({err}); delete them to download "
                 f"a fresh copy, or use {STANDIN_HINT}"
             ) from None
-        _write_cache(root, spec, arrays)
+        _write_cache(root, spec, arrays, parsed)
     return HARData(**arrays, source="uci", banner=UCI_BANNER.format(where=at))
 
 
-def _parse(root: Path, rel: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-    """Parse a whitespace-separated table (a plain split: far faster than np.loadtxt), check its
-    shape."""
+def _read(root: Path, rel: str, parsed: dict[str, list]) -> bytes:
+    """A text file's bytes; records its size and mtime (taken before reading, so that any later
+    change invalidates the cache) and the SHA-256 of exactly the bytes read, for the cache key."""
+    st = (root / rel).stat()
     text = (root / rel).read_bytes()
-    rows = sum(1 for line in text.splitlines() if line.strip())
+    parsed[rel] = [st.st_size, st.st_mtime_ns, hash_key(text)]
+    return text
+
+
+def _parse(text: bytes, rel: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+    """Parse a whitespace-separated table (a plain split: far faster than np.loadtxt), check
+    its number of rows and the width of every row."""
+    rows = [line.split() for line in text.splitlines() if line.strip()]
+    cols = shape[1] if len(shape) == 2 else 1
+    if len(rows) != shape[0]:
+        raise _Unverified(f"{rel} has {len(rows)} rows, expected {shape[0]} rows of {cols}")
+    bad = next((i for i, row in enumerate(rows) if len(row) != cols), None)
+    if bad is not None:
+        raise _Unverified(
+            f"{rel} row {bad + 1} has {len(rows[bad])} values, expected {shape[0]} rows of {cols}"
+        )
     try:
-        values = np.array(text.split(), dtype=dtype)
+        values = np.array(rows, dtype=dtype)
     except ValueError as err:
         raise _Unverified(f"{rel} is not a table of numbers: {err}") from None
-    cols = shape[1] if len(shape) == 2 else 1
-    if rows != shape[0] or values.size != rows * cols:
-        per_row = f"{values.size / rows:g}" if rows else "0"
-        found = f"{rows} rows of {per_row} values"
-        raise _Unverified(f"{rel} has {found}, expected {shape[0]} rows of {cols}")
     return values.reshape(shape)
 
 
-def _verify_dir(root: Path, spec: HARSpec) -> dict[str, np.ndarray]:
-    """Parse the text files under root and check them against spec; return HARData's arrays."""
+def _verify_dir(root: Path, spec: HARSpec) -> tuple[dict[str, np.ndarray], dict[str, list]]:
+    """Parse the text files under root and check them against spec; return HARData's arrays
+    and, for the cache key, what was parsed (see _read)."""
     arrays: dict[str, np.ndarray] = {}
+    parsed: dict[str, list] = {}
     n_classes = len(spec.activities)
     for split in SPLITS:
         n = spec.n_rows(split)
-        X = _parse(root, f"{split}/X_{split}.txt", np.float64, (n, spec.n_features))
+        rel = f"{split}/X_{split}.txt"
+        X = _parse(_read(root, rel, parsed), rel, np.float64, (n, spec.n_features))
         if not np.all((X >= -1) & (X <= 1)):
             raise _Unverified(
                 f"{split}/X_{split}.txt has values outside [-1, 1] (min {np.nanmin(X):g}, "
@@ -126,7 +167,8 @@ def _verify_dir(root: Path, spec: HARSpec) -> dict[str, np.ndarray]:
         if not np.allclose(X[0, : len(expected)], expected, rtol=0, atol=spec.atol):
             got = " ".join(f"{v:.8g}" for v in X[0, : len(expected)])
             raise _Unverified(f"{split}/X_{split}.txt's first row starts {got}, not as UCI HAR's")
-        y = _parse(root, f"{split}/y_{split}.txt", np.int64, (n,))
+        rel = f"{split}/y_{split}.txt"
+        y = _parse(_read(root, rel, parsed), rel, np.int64, (n,))
         if y.min() < 1 or y.max() > n_classes:
             raise _Unverified(f"{split}/y_{split}.txt has labels outside 1..{n_classes}")
         counts = tuple(int(c) for c in np.bincount(y, minlength=n_classes + 1)[1:])
@@ -134,41 +176,46 @@ def _verify_dir(root: Path, spec: HARSpec) -> dict[str, np.ndarray]:
             raise _Unverified(
                 f"{split}/y_{split}.txt has class counts {counts}, expected {spec.counts(split)}"
             )
-        subject = _parse(root, f"{split}/subject_{split}.txt", np.int64, (n,))
+        rel = f"{split}/subject_{split}.txt"
+        subject = _parse(_read(root, rel, parsed), rel, np.int64, (n,))
+        if subject.min() < 1 or subject.max() > spec.n_subjects:
+            raise _Unverified(f"{rel} has subject ids outside 1..{spec.n_subjects}")
         arrays[f"X_{split}"] = X.astype(np.float32)
         arrays[f"y_{split}"] = y - 1
         arrays[f"subject_{split}"] = subject
-    n_names = sum(1 for line in (root / "features.txt").read_text().splitlines() if line.strip())
+    names = _read(root, "features.txt", parsed).decode(errors="replace")
+    n_names = sum(1 for line in names.splitlines() if line.strip())
     if n_names != spec.n_features:
         raise _Unverified(f"features.txt names {n_names} features, expected {spec.n_features}")
-    labels = (root / "activity_labels.txt").read_text().split()
+    labels = _read(root, "activity_labels.txt", parsed).decode(errors="replace").split()
     expected_labels = [w for i, name in enumerate(spec.activities, 1) for w in (str(i), name)]
     if labels != expected_labels:
         raise _Unverified("activity_labels.txt does not list UCI HAR's six activities")
-    return {name: arrays[name] for name in ARRAYS}
+    return {name: arrays[name] for name in ARRAYS}, parsed
 
 
 # ----------------------------------------------------------------------------- binary cache
 
 
-def _cache_key(root: Path, spec: HARSpec) -> dict:
-    """What the cache was built from: the text files' size and mtime, and the rules they met."""
-    stats = {rel: (root / rel).stat() for rel in FILES}
-    return {
-        "format": CACHE_FORMAT,
-        "spec": repr(spec),
-        "files": {rel: [st.st_size, st.st_mtime_ns] for rel, st in stats.items()},
-    }
+def _cache_key(spec: HARSpec, parsed: dict[str, list]) -> dict:
+    """What the cache was built from: each text file's size and mtime before it was read and
+    the SHA-256 of the bytes parsed, and the rules they met."""
+    return {"format": CACHE_FORMAT, "spec": repr(spec), "files": parsed}
 
 
 def _read_cache(root: Path, spec: HARSpec) -> dict[str, np.ndarray] | None:
     """The cached arrays if they were built from the text files as they are now, else None."""
     cache = root / "cache"
     try:
-        if json.loads((cache / "uci.json").read_text()) != _cache_key(root, spec):
+        key = json.loads((cache / "uci.json").read_text())
+        if key.get("format") != CACHE_FORMAT or key.get("spec") != repr(spec):
             return None
+        for rel in FILES:
+            st = (root / rel).stat()
+            if key["files"][rel][:2] != [st.st_size, st.st_mtime_ns]:
+                return None
         arrays = {name: np.load(cache / f"uci-{name}.npy") for name in ARRAYS}
-    except (OSError, ValueError, EOFError):
+    except (OSError, ValueError, EOFError, KeyError, TypeError, AttributeError):
         return None
     for split in SPLITS:
         n = spec.n_rows(split)
@@ -177,10 +224,12 @@ def _read_cache(root: Path, spec: HARSpec) -> dict[str, np.ndarray] | None:
     return arrays
 
 
-def _write_cache(root: Path, spec: HARSpec, arrays: dict[str, np.ndarray]) -> None:
+def _write_cache(
+    root: Path, spec: HARSpec, arrays: dict[str, np.ndarray], parsed: dict[str, list]
+) -> None:
     """Cache the parsed arrays beside the text; the JSON key goes last, so it vouches for them."""
     cache = root / "cache"
-    key = _cache_key(root, spec)
+    key = _cache_key(spec, parsed)
     try:
         for name in ARRAYS:
             atomic_write(cache / f"uci-{name}.npy", lambda f, a=arrays[name]: np.save(f, a))
@@ -211,31 +260,57 @@ def download_har(
     afterwards whatever happens.
     """
     root = resolve_root(root)
-    if any((root / rel).exists() for rel in FILES):
-        load_uci(root, spec, download=False)  # verifies what is there, or says what is wrong
-        return root
     root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".download-", suffix=".tmp", dir=root)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _fetch(url, f, timeout, progress, root)
-        extract_and_verify(Path(tmp), root, spec)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    with _uci_lock(root):  # a second download into root waits, then finds this one's copy
+        remove_stale(root, _STALE)
+        if any((root / rel).exists() for rel in FILES):
+            load_uci(root, spec, download=False)  # verifies what is there, or says what's wrong
+            return root
+        fd, tmp = tempfile.mkstemp(prefix=".download-", suffix=".tmp", dir=root)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                _fetch(url, f, timeout, progress, root)
+            extract_and_verify(Path(tmp), root, spec)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     return root
+
+
+MAX_DOWNLOAD_BYTES = 200_000_000  # the UCI archive is about 60 MB
+MAX_MEMBER_BYTES = 200_000_000  # its largest file, train/X_train.txt, about 66 MB
+
+
+class _RefuseDowngrade(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but never from https to plain http."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201
+        if req.full_url.startswith("https:") and not newurl.startswith("https:"):
+            raise urllib.error.URLError(f"refused a redirect from https to {newurl}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _open(url: str, timeout: float) -> IO[bytes]:
+    """Open url, following redirects but never from https down to http."""
+    return urllib.request.build_opener(_RefuseDowngrade).open(url, timeout=timeout)
 
 
 def _fetch(url: str, out: IO[bytes], timeout: float, progress: bool, root: Path) -> None:
     """Stream url into out, with a percentage line on stderr."""
     done = total = 0
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with _open(url, timeout) as response:
             total = int(response.headers.get("Content-Length") or 0)
+            if total > MAX_DOWNLOAD_BYTES:
+                raise ValueError(
+                    f"it is {total} bytes, more than the {MAX_DOWNLOAD_BYTES} bytes allowed"
+                )
             shown = ""
             while chunk := response.read(1 << 20):
                 out.write(chunk)
                 done += len(chunk)
+                if done > MAX_DOWNLOAD_BYTES:
+                    raise ValueError(f"it passed the {MAX_DOWNLOAD_BYTES} bytes allowed")
                 if total:
                     status = f"{100 * done // total:3d}% of {total / 1e6:.1f} MB"
                 else:
@@ -245,7 +320,8 @@ def _fetch(url: str, out: IO[bytes], timeout: float, progress: bool, root: Path)
                     print(f"\rdownloading UCI HAR: {status}", end="", file=sys.stderr, flush=True)
         if progress:
             print(file=sys.stderr, flush=True)
-    except (OSError, ValueError) as err:  # URLError, HTTPError and timeouts are OSErrors
+    # URLError, HTTPError and timeouts are OSErrors; IncompleteRead an HTTPException
+    except (OSError, ValueError, http.client.HTTPException) as err:
         if progress and done:
             print(file=sys.stderr, flush=True)
         if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
@@ -272,19 +348,21 @@ def extract_and_verify(
     """
     archive, root = Path(archive), resolve_root(root)
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
-    try:
-        _extract(archive, staging, root)
+    with _uci_lock(root):
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
         try:
-            arrays = _verify_dir(staging, spec)
-        except _Unverified as err:
-            raise HARDataError(
-                f"{archive.name} is not a genuine UCI HAR copy ({err}); {_download_advice(root)}"
-            ) from None
-        _move_into_place(staging, root)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    _write_cache(root, spec, arrays)
+            _extract(archive, staging, root)
+            try:
+                arrays, parsed = _verify_dir(staging, spec)
+            except _Unverified as err:
+                raise HARDataError(
+                    f"{archive.name} is not a genuine UCI HAR copy ({err}); "
+                    f"{_download_advice(root)}"
+                ) from None
+            _move_into_place(staging, root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        _write_cache(root, spec, arrays, parsed)
 
 
 def _check_member(name: str, root: Path) -> None:
@@ -334,19 +412,48 @@ def _extract(archive: Path, staging: Path, root: Path, depth: int = 0) -> None:
                         f"{_download_advice(root)}"
                     )
                 inner = staging / ".nested.zip"
-                with zf.open(nested[0]) as src, open(inner, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                _copy_member(zf, nested[0], inner, root)
                 _extract(inner, staging, root, depth + 1)
                 inner.unlink()
                 return
             for rel, name in members.items():
                 (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(name) as src, open(staging / rel, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-    except (zipfile.BadZipFile, zlib.error, EOFError) as err:
+                _copy_member(zf, name, staging / rel, root)
+    except HARDataError:
+        raise
+    # What a broken or unusual zip raises: bad data, an unsupported compression method
+    # (NotImplementedError), encryption (RuntimeError), a zip64 limit, a truncated stream.
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        zlib.error,
+        lzma.LZMAError,
+        EOFError,
+        NotImplementedError,
+        RuntimeError,
+        ValueError,
+    ) as err:
         raise HARDataError(
             f"{archive.name} is not a readable zip archive ({err}); {_download_advice(root)}"
         ) from None
+
+
+def _copy_member(zf: zipfile.ZipFile, name: str, dst: Path, root: Path) -> None:
+    """Copy one member out, refusing more than MAX_MEMBER_BYTES whatever its header claims: a
+    hostile or broken archive must not fill the disk."""
+    declared = zf.getinfo(name).file_size
+    copied = 0
+    with zf.open(name) as src, open(dst, "wb") as out:
+        while declared <= MAX_MEMBER_BYTES and (chunk := src.read(1 << 20)):
+            copied += len(chunk)
+            if copied > MAX_MEMBER_BYTES:
+                break
+            out.write(chunk)
+    if declared > MAX_MEMBER_BYTES or copied > MAX_MEMBER_BYTES:
+        raise HARDataError(
+            f"archive member {name!r} is larger than {MAX_MEMBER_BYTES} bytes, so this is not a "
+            f"genuine UCI HAR archive; {_download_advice(root)}"
+        )
 
 
 def _move_into_place(staging: Path, root: Path) -> None:
