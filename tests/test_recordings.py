@@ -334,6 +334,30 @@ def test_cache_rebuilds_when_the_pickle_or_the_code_changes(fake_source, tmp_pat
     ]
 
 
+def test_a_killed_builds_leftovers_are_removed_and_a_waiting_process_reuses_the_cache(
+    fake_source, tmp_path, monkeypatch
+):
+    pkl, builds = fake_source
+    root = tmp_path / "har"
+    leftover = root / "cache" / f".recordings-{rec.cache_key(pkl)}.npz.4242.dead.tmp"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half of a cache a killed run left")
+    rec.load_recordings(root)
+    assert not leftover.exists() and len(builds) == 1
+    assert (root / ".recordings.lock").is_file()
+    # a process that finds no cache, then waits for the lock while another builds it, reads
+    # that cache after the lock instead of building again
+    real_read, reads = rec._read_cache, []
+
+    def absent_at_first(path: Path):
+        reads.append(path)
+        return None if len(reads) == 1 else real_read(path)
+
+    monkeypatch.setattr(rec, "_read_cache", absent_at_first)
+    assert rec.load_arrays(root) is not None
+    assert len(reads) == 2 and len(builds) == 1
+
+
 def test_a_damaged_cache_is_rebuilt(fake_source, tmp_path):
     pkl, builds = fake_source
     root = tmp_path / "har"

@@ -20,7 +20,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import gzip
-import hashlib
 import importlib.metadata
 import importlib.util
 import pickle
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from helpers.data import features
-from helpers.data.files import atomic_write
+from helpers.data.files import atomic_write, hash_key, locked, remove_stale
 from helpers.data.har import (
     ACTIVITIES,
     ARRAYS,
@@ -305,11 +304,8 @@ def build(path: Path) -> dict[str, np.ndarray]:
 
 def cache_key(path: Path) -> str:
     """A hash of the pickle's bytes and of the code that turns it into features."""
-    h = hashlib.sha256(f"format {CACHE_FORMAT}".encode())
-    h.update(path.read_bytes())
-    for module in (features.__file__, __file__):
-        h.update(Path(module).read_bytes())
-    return h.hexdigest()[:16]
+    sources = (Path(module).read_bytes() for module in (features.__file__, __file__))
+    return hash_key(f"format {CACHE_FORMAT}", path.read_bytes(), *sources)[:16]
 
 
 def cache_path(root: Path, key: str) -> Path:
@@ -330,17 +326,25 @@ def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
 def load_arrays(root: Path) -> dict[str, np.ndarray]:
     """The arrays from the cache for the installed pickle and this code, built if absent.
 
-    The one place that builds and writes: a lock against two processes building at once
-    belongs around the build-and-write below.
+    The one place that builds and writes, under a lock: a second process (two notebooks, a
+    notebook and ``make test``) waits for the first's cache instead of building its own, and
+    the half-written files of a killed build are removed first.
     """
     pickle_path = find_pickle()
     path = cache_path(root, cache_key(pickle_path))
     arrays = _read_cache(path)
-    if arrays is None:
-        arrays = build(pickle_path)
-        with contextlib.suppress(OSError):  # a read-only root only costs rebuilding each time
-            atomic_write(path, lambda f: np.savez(f, **arrays))
-            _remove_other_versions(path)
+    if arrays is not None:
+        return arrays
+    with contextlib.suppress(OSError):  # unwritable: built in memory, unlocked, every time
+        root.mkdir(parents=True, exist_ok=True)
+    with locked(root / ".recordings.lock"):
+        remove_stale(root, ("cache/.recordings-*.tmp",))
+        arrays = _read_cache(path)  # built by the process we waited for
+        if arrays is None:
+            arrays = build(pickle_path)
+            with contextlib.suppress(OSError):  # a read-only root only costs rebuilding
+                atomic_write(path, lambda f: np.savez(f, **arrays))
+                _remove_other_versions(path)
     return arrays
 
 
