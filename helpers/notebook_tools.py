@@ -96,6 +96,7 @@ def to_text(nb: NotebookNode) -> str:
 
 
 def read(path: Path) -> NotebookNode:
+    """The notebook at ``path``, as nbformat 4 (what every function here takes)."""
     return nbformat.read(path, as_version=4)
 
 
@@ -120,6 +121,7 @@ def _is_marker(cell: NotebookNode) -> bool:
 
 
 def is_check(cell: NotebookNode) -> bool:
+    """A check cell stays in the student edition, so it is never taken for a solution."""
     return cell.cell_type == "code" and bool(CHECK_LINE.search(cell.source))
 
 
@@ -180,6 +182,7 @@ def student_edition(nb: NotebookNode) -> NotebookNode:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line the Makefile calls (``make normalise``, ``make student``)."""
     p = argparse.ArgumentParser(
         prog="python -m helpers.notebook_tools", description=__doc__.split("\n\n")[0]
     )
