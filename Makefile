@@ -1,8 +1,8 @@
-# Every target below creates .venv on first use and installs requirements.txt into it (`helpers`
-# editable). torch is pinned to 2.13.0; on Linux it comes from PyTorch's CPU wheel index (the
-# 2.13.0+cpu build, which satisfies ==2.13.0 and sorts after it), since PyPI's Linux wheel is the
-# CUDA build with several GB of NVIDIA libraries this CPU course never uses. macOS gets PyPI's wheel,
-# which is the CPU build there. `make TORCH_INDEX=` installs from your pip configuration alone.
+# `make` alone lists the targets. Each of the others creates .venv on first use and installs
+# requirements.txt into it (`helpers` editable). torch is pinned to 2.13.0; on Linux it comes from
+# PyTorch's CPU wheel index (the 2.13.0+cpu build, which satisfies ==2.13.0 and sorts after it),
+# since PyPI's Linux wheel is the CUDA build, with several GB of NVIDIA libraries this CPU course
+# never uses; macOS gets PyPI's wheel, the CPU build there. `make TORCH_INDEX=` leaves the index out.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
