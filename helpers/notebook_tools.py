@@ -6,6 +6,8 @@ diff shows only real changes (no execution timestamps, no kernel or UI noise).
 not in normal form.
 ``python -m helpers.notebook_tools student --out student notebooks/*.ipynb``: the student edition,
 outputs cleared and exercise solutions removed.
+``python -m helpers.notebook_tools grade --out graded/alice submissions/alice/*.ipynb``: a
+student's notebooks with the full edition's check cells put back, ready to run for grading.
 
 The exercise convention these tools rely on (notebooks 01-05 follow it):
 
@@ -178,6 +180,31 @@ def student_edition(nb: NotebookNode) -> NotebookNode:
     return normalise(student)
 
 
+def with_checks_from(full: NotebookNode, submission: NotebookNode) -> NotebookNode:
+    """A student's notebook with every check cell as the full edition has it, for grading: a
+    check the student edited or deleted counts as written. Cells are matched by id, which the
+    student edition keeps; a deleted check goes back before the first cell that followed it."""
+    graded = copy.deepcopy(submission)
+    ids = [cell.id for cell in full.cells]
+    for ex in exercises(full):
+        if ex.check is None:
+            continue
+        check = full.cells[ex.check]
+        mine = next((cell for cell in graded.cells if cell.get("id") == check.id), None)
+        if mine is not None and mine.cell_type == "code":
+            mine.source = check.source
+            continue
+        if mine is not None:
+            graded.cells.remove(mine)
+        later = set(ids[ex.check + 1 :])
+        at = next(
+            (i for i, cell in enumerate(graded.cells) if cell.get("id") in later),
+            len(graded.cells),
+        )
+        graded.cells.insert(at, nbformat.v4.new_code_cell(check.source, id=check.id))
+    return graded
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -196,6 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     student = sub.add_parser("student", help="write the student edition into a folder")
     student.add_argument("notebooks", nargs="+", type=Path)
     student.add_argument("--out", type=Path, default=Path("student"), help="default: student/")
+    grade = sub.add_parser(
+        "grade", help="put the full edition's check cells back into students' notebooks"
+    )
+    grade.add_argument("notebooks", nargs="+", type=Path, help="a student's notebooks")
+    grade.add_argument("--full", type=Path, default=Path("notebooks"), help="default: notebooks/")
+    grade.add_argument("--out", type=Path, required=True, help="folder for the notebooks to run")
     args = p.parse_args(argv)
 
     if args.command == "check":
@@ -211,6 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"normalised {path}")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.command == "grade":
+        for path in args.notebooks:
+            graded = with_checks_from(read(args.full / path.name), read(path))
+            (args.out / path.name).write_text(to_text(graded), encoding="utf-8")
+            print(f"{args.out / path.name}: checks from {args.full / path.name}")
+        return 0
     for path in args.notebooks:
         nb = read(path)
         target = args.out / path.name

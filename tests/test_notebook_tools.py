@@ -18,6 +18,7 @@ from helpers.notebook_tools import (
     normalise,
     student_edition,
     to_text,
+    with_checks_from,
 )
 
 TIMESTAMPS = {"iopub.execute_input": "2026-11-30T09:57:50.298647Z", "shell.execute_reply": "x"}
@@ -138,6 +139,25 @@ def test_a_markdown_cell_holding_only_the_solution_prose_is_dropped():
     assert [c.source for c in student_edition(nb).cells] == ["**1.** Set `y`.", PLACEHOLDER]
 
 
+def test_grading_puts_back_the_checks_a_student_edited_or_deleted():
+    full = course_notebook()
+    check = full.cells[4]
+    submission = student_edition(full)
+    submission.cells[3].source = "y = 2"  # the answer, in the placeholder
+    submission.cells[4].source = "# Check your answer\nassert True"  # an edited check
+    graded = with_checks_from(full, submission)
+    assert [c.source for c in graded.cells] == [
+        *[c.source for c in submission.cells[:4]],
+        check.source,
+        *[c.source for c in submission.cells[5:]],
+    ]
+    del submission.cells[4]  # a deleted check goes back where it was
+    regraded = with_checks_from(full, submission)
+    assert [c.id for c in regraded.cells] == [c.id for c in graded.cells]
+    assert regraded.cells[4].source == check.source
+    assert submission.cells[3].source == "y = 2", "the submission is left as it was"
+
+
 def test_command_line_check_normalise_and_student(tmp_path: Path, capsys):
     path = tmp_path / "09_a.ipynb"
     nbformat.write(course_notebook(), path)
@@ -153,3 +173,6 @@ def test_command_line_check_normalise_and_student(tmp_path: Path, capsys):
     assert "2 solution(s) removed" in capsys.readouterr().out
     written = nbformat.read(out / "09_a.ipynb", as_version=4)
     assert [c.source for c in written.cells].count(PLACEHOLDER) == 2
+    graded = tmp_path / "graded"
+    assert main(["grade", "--full", str(tmp_path), "--out", str(graded), str(out / path.name)]) == 0
+    assert nbformat.read(graded / path.name, as_version=4).cells == written.cells
