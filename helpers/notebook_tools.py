@@ -175,9 +175,7 @@ def student_edition(nb: NotebookNode) -> NotebookNode:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
         cells.append(cell)
-    student = copy.deepcopy(nb)
-    student.cells = cells
-    return normalise(student)
+    return normalise(nbformat.v4.new_notebook(cells=cells, metadata=nb.metadata))
 
 
 def with_checks_from(full: NotebookNode, submission: NotebookNode) -> NotebookNode:
