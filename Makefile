@@ -1,9 +1,15 @@
-# `make reproduce`, `make test` and `make lab` create .venv on first use and install
-# requirements.txt into it (torch is pinned to the CPU build; `helpers` is installed editable).
+# `make` alone lists the targets. Each of the others creates .venv on first use and installs
+# requirements.txt into it (`helpers` editable). torch is pinned to 2.13.0; on Linux it comes from
+# PyTorch's CPU wheel index (the 2.13.0+cpu build, which satisfies ==2.13.0 and sorts after it),
+# since PyPI's Linux wheel is the CUDA build, with several GB of NVIDIA libraries this CPU course
+# never uses; macOS gets PyPI's wheel, the CPU build there. `make TORCH_INDEX=` leaves the index out.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+ifeq ($(shell uname -s),Linux)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+endif
 # The notebooks are checked against the stand-in, planned as on the 2-core reference machine
 # (DDP_COURSE_CORES=2), so that their outputs are the same on bigger machines too.
 CHECKED := HAR_DATA=standin DDP_COURSE_CORES=2
@@ -12,13 +18,18 @@ NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cf
 # simulated other processor: ATen's kernels without AVX2/AVX-512 and MKL's compatible code path
 # round differently, as another CPU would (tests/test_other_processor.py checks that they do).
 OTHER_PROCESSOR := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
-TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(wildcard notebooks/[0-9][0-9]_*.ipynb))
+NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.ipynb)
+TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 
-.PHONY: reproduce test lab lint notebooks clean-data
+.PHONY: help reproduce test lab warm notebooks normalise student
+
+## help: list the targets, one line each
+help:
+	@awk '/^## [a-z-]+: /{t = $$2; sub(/:$$/, "", t); sub(/^## [a-z-]+: /, ""); printf "make %-10s  %s\n", t, $$0}' $(MAKEFILE_LIST)
 
 $(INSTALLED): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $@
 
 ## reproduce: the reference experiment (pass options with ARGS="--workers 1 2 --data standin")
@@ -35,8 +46,23 @@ test: $(INSTALLED)
 lab: $(INSTALLED)
 	$(VENV)/bin/jupyter lab notebooks/
 
-## notebooks: re-execute every notebook in place on the stand-in (commit the result)
+## warm: before class: the venv, the data caches and first imports, so nothing downloads in class
+warm: $(INSTALLED)
+	$(PY) -m helpers.data
+	$(PY) -m helpers.data --data standin
+	MPLBACKEND=Agg $(PY) -c "import matplotlib.pyplot, pandas, torch.distributed, helpers.launch"
+
+## notebooks: re-execute every notebook in place on the stand-in, then normalise (commit the result)
 notebooks: $(INSTALLED)
-	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
+	for nb in $(NOTEBOOKS); do \
 		$(CHECKED) $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; \
 	done
+	$(PY) -m helpers.notebook_tools normalise $(NOTEBOOKS)
+
+## normalise: drop run timestamps and kernel noise from the notebooks, without re-executing them
+normalise: $(INSTALLED)
+	$(PY) -m helpers.notebook_tools normalise $(NOTEBOOKS)
+
+## student: the student edition in student/ (outputs cleared, solutions removed; not committed)
+student: $(INSTALLED)
+	$(PY) -m helpers.notebook_tools student --out student $(NOTEBOOKS)

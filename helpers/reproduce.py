@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 import tempfile
 import time
@@ -22,7 +24,13 @@ from pathlib import Path
 
 from helpers.data import SOURCES, HARDataError, HARSpec, load_har
 from helpers.data.files import atomic_write
-from helpers.launch import WorkerError, WorldPlan, default_threads_per_worker, plan_world_sizes
+from helpers.launch import (
+    CORES_ENV,
+    WorkerError,
+    WorldPlan,
+    default_threads_per_worker,
+    plan_world_sizes,
+)
 from helpers.measure import efficiency, machine_facts, speedup
 from helpers.training import RunResult, TrainConfig, run_training, validate
 
@@ -88,6 +96,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--data", choices=SOURCES, default=None, help="data source (default: $HAR_DATA or auto)"
     )
     p.add_argument(
+        "--lr", type=float, default=TrainConfig.lr, help="SGD learning rate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=TrainConfig.seed,
+        help="seed of the initial weights (default: %(default)s)",
+    )
+    p.add_argument(
         "--json",
         type=Path,
         metavar="PATH",
@@ -104,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--workers must be at least 1, got {min(args.workers)}")
     if args.threads_per_worker is not None and args.threads_per_worker < 1:
         p.error(f"--threads-per-worker must be at least 1, got {args.threads_per_worker}")
+    if not args.lr > 0:
+        p.error(f"--lr must be above 0, got {args.lr}")
     return args
 
 
@@ -117,11 +136,33 @@ def settings_from(args: argparse.Namespace) -> list[Setting]:
     ] + [Setting("Experiment 2: speed-up over one worker", b, e) for b, e in EXPERIMENT_2]
 
 
-def print_table(setting: Setting, runs: list[RunResult], skipped: list[str], source: str) -> None:
+def rerun_command(args: argparse.Namespace, source: str, threads: int) -> str:
+    """The command line that repeats this run exactly: every choice that was left to a default
+    or to the environment ($HAR_DATA, the cores) written out."""
+    words = ["python", "-m", "helpers.reproduce", "--workers", *map(str, args.workers)]
+    if args.global_batch:
+        words += ["--global-batch", *map(str, args.global_batch)]
+        words += ["--epochs", *map(str, args.epochs)]
+    words += ["--lr", repr(args.lr), "--seed", str(args.seed), "--data", source]
+    words += ["--threads-per-worker", str(threads)]
+    if args.oversubscribe:
+        words.append("--oversubscribe")
+    cores = os.environ.get(CORES_ENV)
+    command = shlex.join(words)
+    return command if cores is None else f"{CORES_ENV}={shlex.quote(cores)} {command}"
+
+
+def print_table(
+    setting: Setting,
+    runs: list[RunResult],
+    skipped: list[str],
+    source: str,
+    lr: float = TrainConfig.lr,
+) -> None:
     base = next((r for r in runs if r.world == 1), None)
     print(
         f"\n{setting.title} -- global batch {setting.global_batch}, {setting.epochs} epochs, "
-        f"SGD lr 0.05, {source}"
+        f"SGD lr {lr:g}, {source}"
     )
     print(
         f"{'workers':>7} {'threads':>7} {'train s':>8} {'start-up s':>10} {'speed-up':>8} "
@@ -189,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     print(data.banner)
     print(f"machine: {facts['cores']} cores, {facts['cpu']}; torch {facts['torch']}")
     print(f"threads: {threads} per worker ({facts['thread_policy']})")
+    rerun = rerun_command(args, data.source, threads)
+    print(f"rerun: {rerun}")
     records = []
     started = time.perf_counter()
     try:
@@ -207,11 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                 config = TrainConfig(
                     global_batch=setting.global_batch,
                     epochs=setting.epochs,
+                    lr=args.lr,
+                    seed=args.seed,
                     data=data.source,
                     show_progress=sys.stderr.isatty(),
                 )
                 runs.append(run_training(plan.world_size, config, threads, plan.oversubscribed))
-            print_table(setting, runs, skipped, data.banner)
+            print_table(setting, runs, skipped, data.banner, args.lr)
             records += [{"experiment": setting.title, **r.to_record()} for r in runs]
     except WorkerError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -226,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             "data_source": data.source,
             "data": data.banner,
             "threads_per_worker": threads,
+            "rerun": rerun,
             "runs": records,
         }
         atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=2).encode()))

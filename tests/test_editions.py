@@ -1,0 +1,60 @@
+"""The committed notebooks as editions: the full edition in normal form with every solution run
+and checked, and the student edition runnable up to its first exercise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from nbclient import NotebookClient
+
+from helpers.notebook_tools import PLACEHOLDER, exercises, is_normal, read, student_edition
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# The cheapest notebook (NumPy only, seconds): the student edition is run up to its first exercise.
+STUDENT_RUN = ["01_allreduce_by_hand.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebook_is_in_normal_form(path: Path):
+    assert is_normal(path), f"{path.name} is not in normal form: run `make normalise`"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_solution_ran_and_passed_its_asserts_in_the_full_edition(path: Path):
+    """What the student edition removes was run, top to bottom, in the committed full edition,
+    and its asserts held there (nbval re-runs it in `make test`)."""
+    nb = read(path)
+    found = exercises(nb)
+    assert found, "every notebook ends with exercises that have a solution"
+    for ex in found:
+        cells = [nb.cells[i] for i in (*ex.solution, *([ex.check] if ex.check else []))]
+        assert any("assert " in c.source for c in cells), f"cell {ex.solution[0]}: no asserts"
+        for cell in cells:
+            assert cell.execution_count is not None, f"cell {ex.solution[0]} was not run"
+            assert all(o.output_type != "error" for o in cell.outputs), "a solution raised"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_student_edition_holds_no_solution_and_no_output(path: Path):
+    nb = read(path)
+    student = student_edition(nb)
+    removed = [nb.cells[i].source for ex in exercises(nb) for i in ex.solution]
+    sources = [c.source for c in student.cells]
+    assert sources.count(PLACEHOLDER) == len(exercises(nb))
+    assert not any(r in sources for r in removed)
+    assert not any("*Solution*" in s for s in sources)
+    assert all(not c.get("outputs") for c in student.cells)
+
+
+@pytest.mark.parametrize("name", STUDENT_RUN)
+def test_student_edition_runs_to_the_first_exercise(name: str, monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("HAR_DATA", "standin")  # as `make test`: no network, the 2-core plan
+    monkeypatch.setenv("DDP_COURSE_CORES", "2")
+    student = student_edition(read(Path(__file__).parent.parent / "notebooks" / name))
+    first = next(i for i, c in enumerate(student.cells) if c.source == PLACEHOLDER)
+    student.cells = student.cells[:first]
+    client = NotebookClient(student, timeout=120, resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()  # raises CellExecutionError, with the cell and its traceback, on an error
+    code = [c for c in student.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count for c in code)

@@ -1,0 +1,178 @@
+"""helpers.notebook_tools on small notebooks built here: the normal form and the student edition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from helpers.notebook_tools import (
+    KERNELSPEC,
+    LANGUAGE_INFO,
+    PLACEHOLDER,
+    Exercise,
+    exercises,
+    is_normal,
+    main,
+    normalise,
+    student_edition,
+    to_text,
+    with_checks_from,
+)
+
+TIMESTAMPS = {"iopub.execute_input": "2026-11-30T09:57:50.298647Z", "shell.execute_reply": "x"}
+HIDDEN = {"jupyter": {"source_hidden": True}}
+
+
+def ran(source: str, count: int, text: str = "out\n", **metadata) -> nbformat.NotebookNode:
+    cell = new_code_cell(source, execution_count=count, metadata=metadata)
+    cell.outputs = [new_output("stream", name="stdout", text=text)]
+    return cell
+
+
+def course_notebook() -> nbformat.NotebookNode:
+    """Two exercises: one solved in a cell after a *Solution* note with a # Check cell after it,
+    one solved in two collapsed cells without a check."""
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# 09 · A notebook"),
+            ran("x = 1", 1, execution=TIMESTAMPS),
+            new_markdown_cell(
+                "## Exercises\n\n**1. Double it.** Set `y` to twice `x`.\n\n"
+                "*Solution* (expand the cell): `y = 2 * x`,\nsince doubling is that."
+            ),
+            ran("y = 2 * x\nprint(y)", 2, "2\n", **HIDDEN),
+            ran("# Check your answer\nassert y == 2", 3, ""),
+            new_markdown_cell("**2. Triple it.**\n\n*Solution*: in two steps."),
+            ran("z = 3 * x", 4, "", **HIDDEN),
+            ran("assert z == 3\nprint(z)", 5, "3\n", **HIDDEN),
+            new_markdown_cell("The end."),
+        ],
+        metadata={
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {**LANGUAGE_INFO, "version": "3.11.7"},
+            "vscode": {"interpreter": {"hash": "abc"}},
+            "title": "A notebook",
+        },
+    )
+    return nb
+
+
+def test_normal_form_drops_what_a_run_writes_and_keeps_what_an_author_writes():
+    nb = course_notebook()
+    normal = normalise(nb)
+    assert normal.metadata == {
+        "kernelspec": KERNELSPEC,
+        "language_info": LANGUAGE_INFO,
+        "title": "A notebook",
+    }
+    assert "execution" not in normal.cells[1].metadata
+    assert normal.cells[3].metadata == HIDDEN
+    for before, after in zip(nb.cells, normal.cells, strict=True):
+        assert after.source == before.source
+        assert after.get("outputs") == before.get("outputs")
+        assert after.get("execution_count") == before.get("execution_count")
+        assert after.id == before.id
+    assert "execution" in nb.cells[1].metadata, "normalise works on a copy"
+
+
+def test_normal_form_is_a_fixed_point_and_gives_missing_ids_stable_values(tmp_path: Path):
+    nb = course_notebook()
+    nb.cells[0].id = nb.cells[1].id  # a duplicate, as copying cells between notebooks makes
+    del nb.cells[2]["id"]
+    once = to_text(normalise(nb))
+    assert to_text(normalise(nb)) == once, "the same notebook gives the same ids"
+    path = tmp_path / "09_a.ipynb"
+    path.write_text(once, encoding="utf-8")
+    assert is_normal(path)
+    ids = [c.id for c in nbformat.reads(once, as_version=4).cells]
+    assert len(set(ids)) == len(ids)
+    nbformat.validate(nbformat.reads(once, as_version=4))
+
+
+def test_exercises_follow_the_solution_convention():
+    assert exercises(course_notebook()) == [Exercise((3,), 4), Exercise((6, 7), None)]
+
+
+def test_a_check_cell_is_never_taken_for_a_solution():
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("*Solution*: see below."),
+            new_code_cell("# Check\nassert True", metadata=HIDDEN),
+        ]
+    )
+    assert exercises(nb) == []
+
+
+def test_student_edition_removes_solutions_and_their_prose_and_keeps_the_checks():
+    nb = course_notebook()
+    student = student_edition(nb)
+    sources = [c.source for c in student.cells]
+    assert sources == [
+        "# 09 · A notebook",
+        "x = 1",
+        "## Exercises\n\n**1. Double it.** Set `y` to twice `x`.",
+        PLACEHOLDER,
+        "# Check your answer\nassert y == 2",
+        "**2. Triple it.**",
+        PLACEHOLDER,
+        "The end.",
+    ]
+    assert not any("*Solution*" in s or "2 * x" in s or "3 * x" in s for s in sources)
+    code = [c for c in student.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    assert all(c.metadata == {} for c in code), "the placeholder is not collapsed"
+    assert student.cells[3].id == nb.cells[3].id
+    assert to_text(normalise(student)) == to_text(student)
+    assert len(nb.cells) == 9 and nb.cells[3].outputs, "the full edition is left as it was"
+
+
+def test_a_markdown_cell_holding_only_the_solution_prose_is_dropped():
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("**1.** Set `y`."),
+            new_markdown_cell("*Solution*: `y = 1`."),
+            new_code_cell("y = 1"),
+        ]
+    )
+    assert [c.source for c in student_edition(nb).cells] == ["**1.** Set `y`.", PLACEHOLDER]
+
+
+def test_grading_puts_back_the_checks_a_student_edited_or_deleted():
+    full = course_notebook()
+    check = full.cells[4]
+    submission = student_edition(full)
+    submission.cells[3].source = "y = 2"  # the answer, in the placeholder
+    submission.cells[4].source = "# Check your answer\nassert True"  # an edited check
+    graded = with_checks_from(full, submission)
+    assert [c.source for c in graded.cells] == [
+        *[c.source for c in submission.cells[:4]],
+        check.source,
+        *[c.source for c in submission.cells[5:]],
+    ]
+    del submission.cells[4]  # a deleted check goes back where it was
+    regraded = with_checks_from(full, submission)
+    assert [c.id for c in regraded.cells] == [c.id for c in graded.cells]
+    assert regraded.cells[4].source == check.source
+    assert submission.cells[3].source == "y = 2", "the submission is left as it was"
+
+
+def test_command_line_check_normalise_and_student(tmp_path: Path, capsys):
+    path = tmp_path / "09_a.ipynb"
+    nbformat.write(course_notebook(), path)
+    assert main(["check", str(path)]) == 1
+    assert "not in normal form" in capsys.readouterr().err
+    assert main(["normalise", str(path)]) == 0
+    assert main(["check", str(path)]) == 0
+    normal = path.read_text(encoding="utf-8")
+    assert main(["normalise", str(path)]) == 0
+    assert path.read_text(encoding="utf-8") == normal, "normalising twice changes nothing"
+    out = tmp_path / "student"
+    assert main(["student", "--out", str(out), str(path)]) == 0
+    assert "2 solution(s) removed" in capsys.readouterr().out
+    written = nbformat.read(out / "09_a.ipynb", as_version=4)
+    assert [c.source for c in written.cells].count(PLACEHOLDER) == 2
+    graded = tmp_path / "graded"
+    assert main(["grade", "--full", str(tmp_path), "--out", str(graded), str(out / path.name)]) == 0
+    assert nbformat.read(graded / path.name, as_version=4).cells == written.cells
