@@ -2,7 +2,8 @@
 # requirements.txt into it (`helpers` editable). torch is pinned to 2.13.0; on Linux it comes from
 # PyTorch's CPU wheel index (the 2.13.0+cpu build, which satisfies ==2.13.0 and sorts after it),
 # since PyPI's Linux wheel is the CUDA build, with several GB of NVIDIA libraries this CPU course
-# never uses; macOS gets PyPI's wheel, the CPU build there. `make TORCH_INDEX=` leaves the index out.
+# never uses; macOS gets PyPI's wheel, the CPU build there. `make TORCH_INDEX=` leaves the index out,
+# and so does an install that cannot reach it (an offline machine: pip would retry it for minutes).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,9 +11,9 @@ INSTALLED := $(VENV)/.installed
 ifeq ($(shell uname -s),Linux)
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 endif
-# The notebooks are checked against the stand-in, planned as on the 2-core reference machine
-# (DDP_COURSE_CORES=2), so that their outputs are the same on bigger machines too.
-CHECKED := HAR_DATA=standin DDP_COURSE_CORES=2
+# The notebooks are checked on the recordings (real data that installs offline), planned as on
+# the 2-core reference machine (DDP_COURSE_CORES=2), so that bigger machines check the same outputs.
+CHECKED := HAR_DATA=recordings DDP_COURSE_CORES=2
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg
 # The notebooks that train are checked a second time, against the same committed outputs, on a
 # simulated other processor: ATen's kernels without AVX2/AVX-512 and MKL's compatible code path
@@ -29,7 +30,11 @@ help:
 
 $(INSTALLED): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	index=; if [ -n "$(TORCH_INDEX)" ]; then \
+		if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" 2>/dev/null; \
+		then index="--extra-index-url $(TORCH_INDEX)"; \
+		else echo "note: $(TORCH_INDEX) cannot be reached; installing torch without it"; fi; \
+	fi; $(PY) -m pip install -q -r requirements.txt $$index
 	touch $@
 
 ## reproduce: the reference experiment (pass options with ARGS="--workers 1 2 --data standin")
@@ -49,10 +54,11 @@ lab: $(INSTALLED)
 ## warm: before class: the venv, the data caches and first imports, so nothing downloads in class
 warm: $(INSTALLED)
 	$(PY) -m helpers.data
+	$(PY) -m helpers.data --data recordings
 	$(PY) -m helpers.data --data standin
 	MPLBACKEND=Agg $(PY) -c "import matplotlib.pyplot, pandas, torch.distributed, helpers.launch"
 
-## notebooks: re-execute every notebook in place on the stand-in, then normalise (commit the result)
+## notebooks: re-execute every notebook in place on the recordings, then normalise (commit the result)
 notebooks: $(INSTALLED)
 	for nb in $(NOTEBOOKS); do \
 		$(CHECKED) $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; \

@@ -22,6 +22,8 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "har"
 SPLITS = ("train", "test")
 ARRAYS = ("X_train", "y_train", "subject_train", "X_test", "y_test", "subject_test")
 STANDIN_HINT = "HAR_DATA=standin (--data standin)"
+# where UCI HAR itself cannot be had: the real data that installs offline first, then the stand-in
+OFFLINE_HINT = "HAR_DATA=recordings (real data, offline) or " + STANDIN_HINT
 
 # The real files hold subjects in contiguous blocks: (subject id, windows), in file order.
 TRAIN_SUBJECTS = (

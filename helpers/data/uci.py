@@ -24,8 +24,8 @@ import numpy as np
 from helpers.data.files import atomic_write, hash_key, locked, remove_stale
 from helpers.data.har import (
     ARRAYS,
+    OFFLINE_HINT,
     SPLITS,
-    STANDIN_HINT,
     HARData,
     HARDataError,
     HARSpec,
@@ -91,7 +91,7 @@ def _load_uci_locked(root: Path, spec: HARSpec, download: bool, retry: bool) -> 
         if not download:
             raise HARDataError(
                 f"UCI HAR is not in {at} and downloading is off; download {UCI_URL} by hand "
-                f"and unzip it into {at}, or use {STANDIN_HINT}"
+                f"and unzip it into {at}, or use {OFFLINE_HINT}"
             )
         if not retry and root in _download_failed:
             raise HARDataError(_download_failed[root])
@@ -105,7 +105,7 @@ def _load_uci_locked(root: Path, spec: HARSpec, download: bool, retry: bool) -> 
         raise HARDataError(
             f"{at} holds an incomplete UCI HAR copy (missing {missing}); delete its UCI HAR "
             f"files to download a fresh copy, or unzip the whole archive there, or use "
-            f"{STANDIN_HINT}"
+            f"{OFFLINE_HINT}"
         )
     arrays = _read_cache(root, spec)
     if arrays is None:
@@ -114,7 +114,7 @@ def _load_uci_locked(root: Path, spec: HARSpec, download: bool, retry: bool) -> 
         except _Unverified as err:
             raise HARDataError(
                 f"{at} holds UCI HAR files that do not verify ({err}); delete them to download "
-                f"a fresh copy, or use {STANDIN_HINT}"
+                f"a fresh copy, or use {OFFLINE_HINT}"
             ) from None
         _write_cache(root, spec, arrays, parsed)
     return HARData(**arrays, source="uci", banner=UCI_BANNER.format(where=at))
@@ -242,7 +242,7 @@ def _write_cache(
 
 
 def _download_advice(root: Path) -> str:
-    return f"download {UCI_URL} by hand and unzip it into {where(root)}, or use {STANDIN_HINT}"
+    return f"download {UCI_URL} by hand and unzip it into {where(root)}, or use {OFFLINE_HINT}"
 
 
 def download_har(
