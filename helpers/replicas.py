@@ -29,7 +29,7 @@ from helpers.training import (
 )
 
 # The largest weight difference still called "the same training". Float rounding alone (1 worker
-# against 2) grew to between 1e-8 and 2e-4 over the reference's 140 steps, on the processors and
+# against 2) grew to between 1e-8 and 3e-4 over the reference's 140 steps, on the processors and
 # data it was measured on (Intel and AMD, natively and simulated; the recordings and the
 # stand-in); a different data order, the smallest real change notebook 03 makes, moves the
 # weights by 1e-2 to 3e-2.
