@@ -359,9 +359,16 @@ def _failure(
         rank, error, tb = own[0]
     elif silent:
         rank = silent[0]
+        code = processes[rank].exitcode
+        hint = (
+            " (its stderr says why; a script that starts workers must do so under "
+            '`if __name__ == "__main__":`, since every spawned worker imports the script again)'
+            if code == 1
+            else ""
+        )
         return WorkerError(
-            f"worker rank {rank} of {world_size} died (exit code {processes[rank].exitcode}) "
-            "without reporting a result or an error",
+            f"worker rank {rank} of {world_size} died (exit code {code}) "
+            f"without reporting a result or an error{hint}",
             rank,
         )
     else:

@@ -74,6 +74,21 @@ def test_a_worker_that_dies_silently_is_named():
     assert mp.active_children() == []
 
 
+def test_a_script_without_a_main_guard_gets_told_how_to_fix_it(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import workers\n"
+        "from helpers.launch import launch\n"
+        "launch(workers.rank_and_sum, 1, timeout=60)\n"  # no `if __name__ == '__main__':`
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0
+    assert 'must do so under `if __name__ == "__main__":`' in out.stderr
+
+
 def test_runs_while_the_default_ports_are_taken():
     held = []
     for port in (29500, 29511):
