@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -53,6 +53,9 @@ class TrainConfig:
     #                     none: no communication at all, every worker trains alone
     seed_per_rank: bool = False  # each worker seeds torch with seed + rank
     order_per_rank: bool = False  # each worker shuffles with its own seed
+    # the first steps run off the clock: DDP builds its buckets and allocates at the first one,
+    # a cost paid once per training, not per step
+    untimed_steps: int = 0
     record_loss: bool = False  # keep the global training loss of every step
     record_accuracy: bool = False  # test accuracy after every epoch (evaluation time not counted)
     return_weights: bool = False  # send every rank's final weights back (6.5 MB each)
@@ -149,12 +152,27 @@ def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
         raise ValueError(
             f"global batch {config.global_batch} is larger than the {n_samples} training samples"
         )
+    steps = config.epochs * steps_per_epoch(n_samples, config.global_batch)
+    if not 0 <= config.untimed_steps < steps:
+        raise ValueError(
+            f"untimed_steps must be from 0 to {steps - 1} (the training takes {steps} steps), "
+            f"got {config.untimed_steps}"
+        )
 
 
 def _average_gradients(model: nn.Module, world_size: int) -> None:
     for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= world_size
+
+
+class Loop(NamedTuple):
+    """What ``train_steps`` hands back besides the trained model."""
+
+    losses: torch.Tensor  # this rank's loss at every step (empty unless record_loss)
+    epoch_accuracies: list[float]  # test accuracy after every epoch (if evaluated)
+    eval_seconds: float  # time spent evaluating after the clock started: not training
+    clock_start: float  # perf_counter() at the first timed step (after config.untimed_steps)
 
 
 def train_steps(
@@ -165,18 +183,19 @@ def train_steps(
     rank: int = 0,
     world_size: int = 1,
     evaluate: Callable[[nn.Module], float] | None = None,
-) -> tuple[torch.Tensor, list[float], float]:
+) -> Loop:
     """The training loop, on one screen: every epoch the same order on every worker, every step
-    this rank's slice of the global batch. Returns this rank's loss at every step (if recorded),
-    the test accuracy after every epoch (if ``evaluate`` is given) and the seconds spent
-    evaluating, which the caller takes off the training time."""
+    this rank's slice of the global batch. The training time is ``perf_counter()`` afterwards
+    minus ``clock_start`` minus ``eval_seconds``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     steps = steps_per_epoch(len(X), config.global_batch)
     losses = torch.zeros(config.epochs * steps if config.record_loss else 0)
-    accuracies, eval_seconds, step = [], 0.0, 0
+    accuracies, eval_seconds, step, clock_start = [], 0.0, 0, time.perf_counter()
     for epoch in range(config.epochs):
         order = worker_order(len(X), epoch, rank, config.order_per_rank)
         for i in range(steps):
+            if step == config.untimed_steps > 0:
+                clock_start, eval_seconds = time.perf_counter(), 0.0
             batch = order[i * config.global_batch : (i + 1) * config.global_batch]
             idx = local_slice(batch, rank, world_size)
             for group in optimizer.param_groups:
@@ -196,7 +215,7 @@ def train_steps(
             eval_seconds += time.perf_counter() - started
         if config.show_progress and rank == 0:
             print(f"  epoch {epoch + 1}/{config.epochs}", end="\r", file=sys.stderr, flush=True)
-    return losses, accuracies, eval_seconds
+    return Loop(losses, accuracies, eval_seconds, clock_start)
 
 
 def test_accuracy_of(data: HARData) -> Callable[[nn.Module], float]:
@@ -229,12 +248,10 @@ def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
 
     dist.barrier()  # start the clock when every worker is ready
     ready_at = time.time()
-    start = time.perf_counter()
     evaluate = test_accuracy_of(data) if config.record_accuracy else None
-    losses, epoch_accuracies, eval_seconds = train_steps(
-        model, X, y, config, rank, world_size, evaluate
-    )
-    seconds = time.perf_counter() - start - eval_seconds
+    loop = train_steps(model, X, y, config, rank, world_size, evaluate)
+    seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
+    losses, epoch_accuracies = loop.losses, loop.epoch_accuracies
 
     if config.record_loss and config.sync != "none":
         dist.all_reduce(losses)  # equal slices: the global loss is the mean of the local ones
@@ -327,10 +344,10 @@ def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = 
     with torch_threads(threads or available_cores()):
         torch.manual_seed(config.seed)
         model = make_mlp()
-        start = time.perf_counter()
         evaluate = test_accuracy_of(data) if config.record_accuracy else None
-        losses, epoch_accuracies, eval_seconds = train_steps(model, X, y, config, evaluate=evaluate)
-        seconds = time.perf_counter() - start - eval_seconds
+        loop = train_steps(model, X, y, config, evaluate=evaluate)
+        seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
+        losses, epoch_accuracies = loop.losses, loop.epoch_accuracies
     r = _report(model, data, config)
     return RunResult(
         world=1,

@@ -14,6 +14,7 @@ from helpers.launch import available_cores
 from helpers.scaling import (
     GRADIENT_BYTES,
     PUBLISHED,
+    UNTIMED_STEPS,
     ComputeModel,
     add_speedup,
     batch_for_speedup,
@@ -97,12 +98,14 @@ def test_fit_compute_recovers_the_line_from_one_worker_runs_only():
         fit_compute(one.head(1))
 
 
-def test_budget_trains_whole_epochs_and_at_least_min_steps():
+def test_budget_trains_whole_epochs_and_at_least_min_steps_after_the_untimed_ones():
+    assert UNTIMED_STEPS == 2
     plan = budget([64, 256, 2048, 4096], n_samples=7352, min_steps=4).set_index("global_batch")
-    assert plan.loc[64].tolist() == [1, 114, 114 * 64]
-    assert plan.loc[256].tolist() == [1, 28, 28 * 256]
-    assert plan.loc[2048].tolist() == [2, 6, 6 * 2048]  # 3 steps per epoch: 2 epochs
-    assert plan.loc[4096].tolist() == [4, 4, 4 * 4096]  # 1 step per epoch: 4 epochs
+    # columns: epochs, steps, timed steps, samples
+    assert plan.loc[64].tolist() == [1, 114, 112, 114 * 64]
+    assert plan.loc[256].tolist() == [1, 28, 26, 28 * 256]
+    assert plan.loc[2048].tolist() == [2, 6, 4, 6 * 2048]  # 3 steps per epoch: 2 epochs
+    assert plan.loc[4096].tolist() == [6, 6, 4, 6 * 4096]  # 1 step per epoch: 4 + 2 epochs
     with pytest.raises(ValueError, match="larger than"):
         budget([8192], n_samples=7352)
 
@@ -153,12 +156,13 @@ def test_a_tiny_real_sweep_returns_a_well_formed_table():
     runs = 2 if available_cores() < 4 else 3
     assert len(table) == 2 * runs
     assert table["world"].tolist()[:runs] == [1, 2, 4][:runs]
-    assert table["steps"].tolist()[:2] == [3, 3] and table["epochs"].max() == 1
+    # min_steps=1 timed after the 2 untimed: one epoch of 3 steps at 2048, three of 1 at 4096
+    assert table["steps"].tolist()[:2] == [3, 3] and table["timed_steps"].tolist()[:2] == [1, 1]
     assert (table["seconds"] > 0).all() and table["replicas_identical"].all()
     assert (table.loc[table["world"] == 1, "speedup"] == 1.0).all()
     np.testing.assert_allclose(table["efficiency"], table["speedup"] / table["world"])
     np.testing.assert_allclose(
-        table["samples_per_s"], table["steps"] * table["global_batch"] / table["seconds"]
+        table["samples_per_s"], table["timed_steps"] * table["global_batch"] / table["seconds"]
     )
     assert len(table.attrs["skipped"]) == 3 - runs
     # N workers do the same training as one: equal weights up to float rounding

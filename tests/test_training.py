@@ -129,6 +129,17 @@ def test_configurations_that_cannot_split_are_refused(world, batch, message):
         validate(TrainConfig(global_batch=batch), world, 7352)
 
 
+def test_untimed_steps_change_the_clock_not_the_training():
+    # 7352 // 4096 = 1 step per epoch: 2 epochs take 2 steps, so 2 untimed would leave none
+    with pytest.raises(ValueError, match=r"untimed_steps must be from 0 to 1 .*2 steps"):
+        validate(TrainConfig(global_batch=4096, epochs=2, untimed_steps=2), 1, 7352)
+    config = TrainConfig(global_batch=2048, epochs=2, data="standin", return_weights=True)
+    timed_all = train_in_process(config, threads=1)
+    timed_late = train_in_process(replace(config, untimed_steps=4), threads=1)
+    assert timed_late.checksums == timed_all.checksums and timed_late.steps == timed_all.steps
+    assert 0 < timed_late.seconds
+
+
 def test_schedules_scale_linearly_and_warm_up_to_the_target():
     assert linearly_scaled_lr(0.05, 256, 2048) == pytest.approx(0.4)
     assert linearly_scaled_lr(0.05, 256, 64) == pytest.approx(0.0125)
