@@ -147,3 +147,18 @@ def measure_allreduce(
     table = table[["world", "bytes", "seconds", "seconds_p25", "seconds_p75"]]
     table.attrs["skipped"] = [p.reason for p in plans if not p.runs]
     return table
+
+
+def timings_table(times: pd.DataFrame) -> pd.DataFrame:
+    """``measure_allreduce``'s table for reading: milliseconds (median and quartiles) and the
+    message bytes moved per second."""
+    return (
+        times.assign(
+            median_ms=times["seconds"] * 1e3,
+            p25_ms=times["seconds_p25"] * 1e3,
+            p75_ms=times["seconds_p75"] * 1e3,
+            GB_per_s=times["bytes"] / times["seconds"] / 1e9,
+        )
+        .drop(columns=["seconds", "seconds_p25", "seconds_p75"])
+        .round(3)
+    )

@@ -301,3 +301,45 @@ def batch_for_speedup(
     if gain <= 0:
         return math.inf
     return max(0.0, (target * (compute.c0 + a) - compute.c0) / gain)
+
+
+# --------------------------------------------------------------------------- tables to read
+
+
+def speedup_text(table: pd.DataFrame) -> str:
+    """The sweep's timings for reading: one row per run, rates and ratios formatted."""
+    shown = table[["world", "global_batch", "seconds", "samples_per_s", "speedup", "efficiency"]]
+    return shown.to_string(
+        index=False,
+        formatters={
+            "seconds": "{:.2f}".format,
+            "samples_per_s": "{:,.0f}".format,
+            "speedup": "{:.2f}x".format,
+            "efficiency": "{:.0%}".format,
+        },
+    )
+
+
+def compute_fit_text(table: pd.DataFrame, compute: ComputeModel) -> str:
+    """One worker's measured step times beside the fitted ``c0 + c1 * B``, in milliseconds."""
+    one = table[table["world"] == 1]
+    return pd.DataFrame(
+        {
+            "global_batch": one["global_batch"],
+            "measured_ms": one["step_seconds"] * 1e3,
+            "fitted_ms": compute.predict(one["global_batch"].to_numpy()) * 1e3,
+        }
+    ).to_string(index=False, float_format="{:.2f}".format)
+
+
+def measured_and_model(table: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """The runs of more than one worker beside the model's prediction for the same point:
+    columns world, global_batch, speedup_measured, speedup_model (and the rest of both)."""
+    return table[table["world"] > 1].merge(
+        predicted, on=["world", "global_batch"], suffixes=("_measured", "_model")
+    )
+
+
+def measured_and_model_text(both: pd.DataFrame) -> str:
+    shown = both[["world", "global_batch", "speedup_measured", "speedup_model"]]
+    return shown.to_string(index=False, float_format="{:.2f}x".format)

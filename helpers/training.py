@@ -29,7 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.data import HARData, load_har
-from helpers.launch import available_cores, launch
+from helpers.launch import WorldPlan, available_cores, launch
 from helpers.model import make_mlp
 from helpers.schedules import Constant, Schedule
 
@@ -301,13 +301,20 @@ class RunResult:
 
 
 def run_training(
-    world: int,
+    world: int | WorldPlan,
     config: TrainConfig = TrainConfig(),
     threads_per_worker: int = 1,
     oversubscribed: bool = False,
     **launch_options,
 ) -> RunResult:
-    """Train across ``world`` worker processes and summarise what they report."""
+    """Train across ``world`` worker processes and summarise what they report. ``world`` may
+    be a ``WorldPlan`` (from ``plan_world_sizes``), which brings its threads and flags along."""
+    if isinstance(world, WorldPlan):
+        world, threads_per_worker, oversubscribed = (
+            world.world_size,
+            world.threads_per_worker,
+            world.oversubscribed,
+        )
     data = load_har(config.data)  # download or generate and cache once, here, not in N workers
     validate(config, world, len(data.X_train))
     config = replace(config, data=data.source)  # workers load exactly what was resolved here

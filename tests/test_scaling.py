@@ -19,11 +19,15 @@ from helpers.scaling import (
     add_speedup,
     batch_for_speedup,
     budget,
+    compute_fit_text,
     fit_compute,
+    measured_and_model,
+    measured_and_model_text,
     predict_speedup,
     predict_step_seconds,
     prediction_table,
     published_table,
+    speedup_text,
     sweep,
 )
 
@@ -168,3 +172,23 @@ def test_a_tiny_real_sweep_returns_a_well_formed_table():
     # N workers do the same training as one: equal weights up to float rounding
     for _, same_batch in table.groupby("global_batch"):
         assert np.ptp(same_batch["checksum"]) < 1e-2
+
+
+def test_the_tables_to_read_put_measured_and_model_side_by_side():
+    runs = add_speedup(
+        pd.DataFrame(
+            {
+                "world": [1, 2],
+                "global_batch": [256, 256],
+                "seconds": [4.0, 2.5],
+                "samples_per_s": [1000.0, 1600.0],
+                "step_seconds": [0.02, 0.0125],
+            }
+        )
+    )
+    text = speedup_text(runs)
+    assert "1.60x" in text and "80%" in text and "1,600" in text
+    both = measured_and_model(runs, prediction_table(COMPUTE, {2: COMM}, [256]))
+    assert both["world"].tolist() == [2] and both["speedup_measured"].tolist() == [1.6]
+    assert "1.60x" in measured_and_model_text(both)
+    assert "20.00" in compute_fit_text(runs, COMPUTE)  # the measured 0.02 s, in ms

@@ -129,6 +129,13 @@ def test_configurations_that_cannot_split_are_refused(world, batch, message):
         validate(TrainConfig(global_batch=batch), world, 7352)
 
 
+def test_run_training_takes_a_world_plan(one_worker):
+    plan = plan_world_sizes([1], threads_per_worker=1)[0]
+    run = run_training(plan, SHORT)
+    assert run.world == 1 and run.threads_per_worker == 1 and not run.oversubscribed
+    assert run.checksums == one_worker.checksums
+
+
 def test_untimed_steps_change_the_clock_not_the_training():
     # 7352 // 4096 = 1 step per epoch: 2 epochs take 2 steps, so 2 untimed would leave none
     with pytest.raises(ValueError, match=r"untimed_steps must be from 0 to 1 .*2 steps"):
