@@ -35,7 +35,7 @@ from helpers.schedules import Constant, Schedule, WarmupSteps
 from helpers.training import TrainConfig, steps_per_epoch, torch_threads, train_steps
 
 BATCHES: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)  # 4096 would be 55% of the samples
-LR_GRID: tuple[float, ...] = tuple(0.025 * 2 ** (k / 2) for k in range(1, 6))  # 0.035 ... 0.141
+LR_GRID: tuple[float, ...] = tuple(0.025 * 2 ** (k / 2) for k in range(1, 7))  # 0.035 ... 0.2
 SEEDS: tuple[int, ...] = (0, 1, 2)
 EPOCHS = 3  # the budget: 3 passes over the training set at every batch
 
@@ -419,3 +419,36 @@ def format_time_to_target(table: pd.DataFrame) -> str:
             "seconds": "seconds (1 process)",
         },
     )
+
+
+# Goyal et al. 2017's ResNet-50 run at minibatch 8k (their Sections 2 and 5).
+IMAGENET_TRAIN = 1_281_167
+GOYAL = {"batch": 8192, "epochs": 90, "warmup_epochs": 5}
+
+
+def goyal_comparison(n_samples: int, batch: int, epochs: int, warmup_steps: int) -> pd.DataFrame:
+    """Goyal et al.'s large-batch run beside this notebook's largest one, in the same units:
+    the batch as a share of the data, the budget in epochs and in steps, the warm-up in steps."""
+    theirs_steps = IMAGENET_TRAIN // GOYAL["batch"]
+    ours_steps = steps_per_epoch(n_samples, batch)
+    rows = [
+        ("training samples", f"{IMAGENET_TRAIN:,}", f"{n_samples:,}"),
+        ("global batch", f"{GOYAL['batch']:,}", f"{batch:,}"),
+        (
+            "batch / training set",
+            f"{GOYAL['batch'] / IMAGENET_TRAIN:.2%}",
+            f"{batch / n_samples:.1%}",
+        ),
+        ("budget, epochs", f"{GOYAL['epochs']}", f"{epochs}"),
+        ("budget, steps", f"{GOYAL['epochs'] * theirs_steps:,}", f"{epochs * ours_steps:,}"),
+        ("warm-up, steps", f"{GOYAL['warmup_epochs'] * theirs_steps:,}", f"{warmup_steps}"),
+        ("optimiser", "SGD, momentum 0.9, weight decay 1e-4", "plain SGD"),
+        ("normalisation", "BatchNorm", "none"),
+        ("learning rate", "0.1 x batch/256 (3.2 at 8k)", "tuned per batch"),
+    ]
+    return pd.DataFrame(rows, columns=["", "Goyal et al. (ResNet-50, ImageNet)", "here (MLP)"])
+
+
+def format_goyal(table: pd.DataFrame) -> str:
+    """The comparison as text."""
+    return table.to_string(index=False)

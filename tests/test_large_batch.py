@@ -149,3 +149,14 @@ def test_the_tables_format():
     assert "seeds reaching" in format_time_to_target(time_to_target_table(grid, best, 0.9))
     plan = format_plan([64, 4096], 7415, 3)
     assert "3319" in plan  # 7415 - 4096 samples left out at batch 4096
+
+
+def test_goyal_comparison_counts_their_steps():
+    from helpers.large_batch import format_goyal, goyal_comparison
+
+    table = goyal_comparison(7415, 2048, 3, 20).set_index("")
+    theirs = table.columns[0]
+    assert table.loc["budget, steps", theirs] == "14,040"  # 90 x 156
+    assert table.loc["warm-up, steps", theirs] == "780"
+    assert table.loc["budget, steps", "here (MLP)"] == "9"
+    assert "27.6%" in format_goyal(table.reset_index())
