@@ -1,281 +1,252 @@
-"""Large-batch training, measured: the linear scaling rule and warm-up (Goyal et al. 2017).
+"""Large-batch training, measured: the best learning rate at every global batch, warm-up, and
+the budgets (samples, steps, seconds) to reach a target.
 
-Two questions, one function each:
+* ``run_grid`` trains every (global batch, learning rate, seed) for a budget fixed in epochs, so
+  in samples seen: a larger batch gets fewer steps. ``best_lr_table`` picks, per batch, the rate
+  whose final training loss is lowest on average over the seeds, and says how far the seeds
+  agree. McCandlish et al. 2018 (*An Empirical Model of Large-Batch Training*) predict that the
+  best rate grows about linearly with the batch below the critical batch and levels off above
+  it: ``best_lr(B) = lr_max / (1 + B_noise / B)`` (``predicted_best_lr``).
+* ``noise_scale_during_training`` measures the gradient noise scale (``helpers.noise_scale``),
+  their estimate of that critical batch, at a few points of a training run.
+* ``time_to_target_table``: the samples, steps and seconds each batch needs, at its best rate,
+  to reach a test accuracy, read from the same runs as the tables.
 
-* ``run_sweep``: what does a bigger global batch do to what is learnt in a fixed budget of
-  epochs, under three learning-rate policies (``POLICIES``): the same lr at every batch, the lr
-  scaled linearly with the batch, and the scaled lr reached by a gradual warm-up? The runs use
-  ``train_in_process``: N workers do exactly the same training as one, so one process suffices
-  to find out *what* is learnt.
-* ``sharpness``: why a learning rate can be too large. Gradient descent is unstable along any
-  direction where the loss curves more sharply than ``2 / lr``; the largest such curvature (the
-  top eigenvalue of the loss's Hessian) therefore caps the usable learning rate, whatever the
-  batch size. The linear scaling rule works only below that cap.
-* ``measure_epoch_seconds`` and ``time_to_accuracy_table``: how long, in seconds, does each
-  configuration a practitioner could choose (a number of workers, a global batch, a policy) take
-  to reach a given test accuracy? Epochs to reach it (from the sweep) times seconds per epoch
-  (measured with real workers).
+The runs use one process (``train_in_process``'s loop): N workers sharing a global batch do the
+same training to rounding (notebook 03), so one process tells *what* is learnt.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from helpers.data import load_har
-from helpers.launch import WorldPlan, plan_world_sizes
+from helpers.data import HARData
 from helpers.model import make_mlp
-from helpers.schedules import Constant, Schedule, goyal_warmup, linearly_scaled_lr
-from helpers.training import (
-    RunResult,
-    TrainConfig,
-    epochs_for_min_steps,
-    run_training,
-    torch_threads,
-    train_in_process,
-    train_steps,
-)
+from helpers.noise_scale import measure_noise_scale
+from helpers.schedules import Constant, Schedule, WarmupSteps
+from helpers.training import TrainConfig, steps_per_epoch, torch_threads, train_steps
 
-BASE_LR = 0.05  # the reference experiment's learning rate ...
-BASE_BATCH = 256  # ... at the reference experiment's global batch
-BATCHES: tuple[int, ...] = tuple(64 * 2**k for k in range(7))  # 64, 128, ..., 4096
+BATCHES: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048)  # 4096 would be 55% of the samples
+LR_GRID: tuple[float, ...] = tuple(0.025 * 2 ** (k / 2) for k in range(1, 7))  # 0.035 ... 0.2
+SEEDS: tuple[int, ...] = (0, 1, 2)
+EPOCHS = 3  # the budget: 3 passes over the training set at every batch
 
 Progress = Callable[[str], None] | None
 
 
-@dataclass(frozen=True)
-class Policy:
-    """How the learning rate follows the global batch.
-
-    ``scale_lr``: multiply the base lr by ``global_batch / base_batch`` (the linear scaling rule).
-    ``warmup_epochs``: reach that lr by a linear ramp from the base lr over this many epochs
-    (Goyal et al.'s gradual warm-up; only batches above the base batch need one).
-    """
-
-    name: str
-    scale_lr: bool = False
-    warmup_epochs: float = 0.0
-
-    def lr(
-        self, global_batch: int, base_lr: float = BASE_LR, base_batch: int = BASE_BATCH
-    ) -> float:
-        """The learning rate this policy trains ``global_batch`` with (after any warm-up)."""
-        if not self.scale_lr:
-            return base_lr
-        return linearly_scaled_lr(base_lr, base_batch, global_batch)
-
-    def schedule(self, global_batch: int, base_batch: int = BASE_BATCH) -> Schedule:
-        """What multiplies the lr step by step: a warm-up from the base lr, or nothing."""
-        if self.warmup_epochs > 0 and self.scale_lr:
-            return goyal_warmup(base_batch, global_batch, self.warmup_epochs)
-        return Constant()
-
-    def config(
-        self,
-        global_batch: int,
-        epochs: int,
-        base_lr: float = BASE_LR,
-        base_batch: int = BASE_BATCH,
-        **options: Any,
-    ) -> TrainConfig:
-        """The training run of this policy at ``global_batch`` (``options``: other fields of
-        ``TrainConfig``, such as ``data`` or ``record_loss``)."""
-        return TrainConfig(
-            global_batch=global_batch,
-            epochs=epochs,
-            lr=self.lr(global_batch, base_lr, base_batch),
-            schedule=self.schedule(global_batch, base_batch),
-            **options,
-        )
-
-
-def make_policies(warmup_epochs: float) -> tuple[Policy, Policy, Policy]:
-    """The three policies the notebook compares, with a warm-up of ``warmup_epochs``."""
-    return (
-        Policy("constant lr"),
-        Policy("linear scaling", scale_lr=True),
-        Policy("linear scaling + warm-up", scale_lr=True, warmup_epochs=warmup_epochs),
-    )
-
-
-def _finite(values: Sequence[float]) -> bool:
-    return all(math.isfinite(v) for v in values)
-
-
-def diverged(losses: Sequence[float]) -> bool:
-    """Whether the training loss ever rose above its value at the first step (or overflowed):
-    the sign of a learning rate too large for the loss surface."""
-    return not _finite(losses) or max(losses) > losses[0]
+def diverged(losses: Sequence[float], steps_per_epoch: int) -> bool:
+    """Whether training failed: a non-finite loss, or a last-epoch mean loss above the first
+    step's. A spike that training recovers from (the catapult phase of Lewkowycz et al. 2020)
+    does not count: only where training ends up does."""
+    if not all(math.isfinite(v) for v in losses):
+        return True
+    return last_epoch_loss(losses, steps_per_epoch) > losses[0]
 
 
 def last_epoch_loss(losses: Sequence[float], steps_per_epoch: int) -> float:
-    """Mean training loss over the last epoch's steps: a steadier measure of how far training
-    got than the last step's loss or one epoch's test accuracy."""
-    last = losses[-steps_per_epoch:]
-    return sum(last) / len(last) if _finite(last) else math.inf
+    """Mean training loss over the last epoch's steps (``inf`` if any is not finite)."""
+    last = list(losses[-steps_per_epoch:])
+    return sum(last) / len(last) if all(math.isfinite(v) for v in last) else math.inf
 
 
-def run_sweep(
-    batches: Sequence[int],
-    policies: Sequence[Policy],
-    epochs: int,
-    data: str | None = None,
-    threads: int | None = None,
+def reordered(data: HARData, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training set, its rows permuted by ``seed`` (seed 0: as stored). The loop's epoch
+    order is seeded by the epoch alone, so permuting the rows gives every seed its own data
+    order as well as its own initial weights, without touching the training loop."""
+    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
+    if seed == 0:
+        return X, y
+    perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(10_000 + seed))
+    return X[perm], y[perm]
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one training run measured. ``final_loss``: the mean cross-entropy over the whole
+    training set after the budget, the quantity the learning rate is tuned on."""
+
+    global_batch: int
+    lr: float
+    seed: int
+    warmup_steps: int
+    epochs: int
+    steps: int
+    samples: int  # samples seen: steps x global batch (the dropped remainder not counted)
+    first_loss: float
+    peak_loss: float
+    final_loss: float
+    diverged: bool
+    accuracy: float
+    seconds: float  # training time in this process (evaluations excluded)
+    epoch_accuracies: list[float] = field(repr=False)
+    losses: list[float] = field(repr=False)
+
+
+def train_run(config: TrainConfig, data: HARData, threads: int = 2, warmup_steps: int = 0) -> Run:
+    """Train ``config`` in this process, with seed ``config.seed`` for both the initial weights
+    and (via ``reordered``) the data order, and measure it."""
+    X, y = reordered(data, config.seed)
+    X_test, y_test = torch.from_numpy(data.X_test), torch.from_numpy(data.y_test)
+    config = replace(config, record_loss=True)
+
+    def test_accuracy(model: torch.nn.Module) -> float:
+        with torch.no_grad():
+            return (model(X_test).argmax(dim=1) == y_test).float().mean().item()
+
+    with torch_threads(threads):
+        torch.manual_seed(config.seed)
+        model = make_mlp()
+        loop = train_steps(model, X, y, config, evaluate=test_accuracy)
+        seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
+        losses, accuracies = loop.losses, loop.epoch_accuracies
+        with torch.no_grad():
+            final = F.cross_entropy(model(X), y).item()
+    spe = steps_per_epoch(len(X), config.global_batch)
+    losses = losses.tolist()
+    finite = all(math.isfinite(v) for v in losses) and math.isfinite(final)
+    return Run(
+        global_batch=config.global_batch,
+        lr=config.lr,
+        seed=config.seed,
+        warmup_steps=warmup_steps,
+        epochs=config.epochs,
+        steps=spe * config.epochs,
+        samples=spe * config.epochs * config.global_batch,
+        first_loss=losses[0],
+        peak_loss=max(losses) if finite else math.inf,
+        final_loss=final if finite else math.inf,
+        diverged=diverged(losses, spe) or not finite,
+        accuracy=accuracies[-1],
+        seconds=seconds,
+        epoch_accuracies=accuracies,
+        losses=losses,
+    )
+
+
+def run_grid(
+    data: HARData,
+    batches: Sequence[int] = BATCHES,
+    lrs: Sequence[float] = LR_GRID,
+    seeds: Sequence[int] = SEEDS,
+    epochs: int = EPOCHS,
+    warmup_steps: int = 0,
+    threads: int = 2,
     progress: Progress = None,
 ) -> pd.DataFrame:
-    """Train every (global batch, policy) for ``epochs`` epochs in this process and tabulate it.
-
-    A run whose configuration equals an earlier one's (at the base batch every policy is the
-    same run; below it, warm-up changes nothing) is not repeated: its row says ``same_as``.
-    ``progress`` (e.g. ``print``) receives one line per run. The table has one row per
-    (batch, policy), with the per-step training losses and per-epoch test accuracies in
-    list-valued columns ``losses`` and ``epoch_accuracies``.
-    """
-    done: dict[TrainConfig, tuple[str, RunResult]] = {}
+    """Train every (batch, lr, seed) for ``epochs`` epochs, optionally with a linear warm-up of
+    ``warmup_steps`` steps from 0; one row per run (``Run``'s fields)."""
+    schedule: Schedule = WarmupSteps(warmup_steps) if warmup_steps > 0 else Constant()
     rows = []
     for batch in batches:
-        for policy in policies:
-            config = policy.config(batch, epochs, data=data, record_loss=True, record_accuracy=True)
-            same_as = done[config][0] if config in done else ""
-            if not same_as:
-                done[config] = (policy.name, train_in_process(config, threads))
-            result = done[config][1]
-            losses = result.losses
-            rows.append(
-                {
-                    "global_batch": batch,
-                    "policy": policy.name,
-                    "lr": config.lr,
-                    "warmup_epochs": getattr(config.schedule, "epochs", 0.0),
-                    "steps_per_epoch": result.steps // epochs,
-                    "steps": result.steps,
-                    "accuracy": result.accuracy,
-                    "best_accuracy": max(result.epoch_accuracies),
-                    "first_loss": losses[0],
-                    "peak_loss": max(losses) if _finite(losses) else math.inf,
-                    "last_epoch_loss": last_epoch_loss(losses, result.steps // epochs),
-                    "diverged": diverged(losses),
-                    "seconds": result.seconds,
-                    "same_as": same_as,
-                    "data_source": result.data_source,
-                    "losses": losses,
-                    "epoch_accuracies": result.epoch_accuracies,
-                }
-            )
-            if progress is not None:
-                note = f" (the same run as {same_as})" if same_as else ""
-                progress(
-                    f"batch {batch:>4} · {policy.name:<24}: lr {config.lr:.4f}, "
-                    f"{result.steps:>4} steps, test accuracy {result.accuracy:.2%}{note}"
+        for lr in lrs:
+            for seed in seeds:
+                config = TrainConfig(
+                    global_batch=batch,
+                    epochs=epochs,
+                    lr=lr,
+                    seed=seed,
+                    schedule=schedule,
+                    data=data.source,
                 )
+                rows.append(train_run(config, data, threads, warmup_steps).__dict__)
+            if progress is not None:
+                progress(f"batch {batch:>4}, lr {lr:.3f}: {len(seeds)} seeds trained")
     return pd.DataFrame(rows)
 
 
-def sharpness(
-    model: nn.Module, X: torch.Tensor, y: torch.Tensor, iters: int = 20, seed: int = 0
-) -> float:
-    """The largest eigenvalue of the Hessian of the mean cross-entropy on ``(X, y)`` with respect
-    to the weights: how sharply the loss curves in its most curved direction. Found by power
-    iteration on Hessian-vector products (double backward), ``iters`` of them, from a random
-    start seeded by ``seed``. Gradient descent with a learning rate above ``2 / sharpness``
-    overshoots along that direction further every step: it diverges."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    loss = F.cross_entropy(model(X), y)
-    grads = torch.autograd.grad(loss, params, create_graph=True)
-    generator = torch.Generator().manual_seed(seed)
-    v = [torch.randn(p.shape, generator=generator) for p in params]
-    eigenvalue = 0.0
-    for _ in range(iters):
-        norm = torch.sqrt(sum((x * x).sum() for x in v))
-        v = [x / norm for x in v]
-        hv = torch.autograd.grad(grads, params, v, retain_graph=True)
-        eigenvalue = float(sum((h * x).sum() for h, x in zip(hv, v, strict=True)))
-        v = [h.detach() for h in hv]
-    return eigenvalue
+@dataclass(frozen=True)
+class BestLR:
+    """The tuning's verdict for one batch."""
+
+    global_batch: int
+    steps: int
+    samples: int
+    best_lr: float  # lowest final loss averaged over the seeds
+    lowest_seed_best: float  # the range of the best rate picked seed by seed
+    highest_seed_best: float
+    final_loss: float  # mean over the seeds, at best_lr
+    final_loss_std: float
+    accuracy: float  # mean test accuracy over the seeds, at best_lr
 
 
-def sharpness_during_training(
+def best_lr_table(grid: pd.DataFrame) -> pd.DataFrame:
+    """Per batch, the learning rate with the lowest seed-averaged final training loss, and the
+    range of the rates each seed alone would have picked (the tuning's uncertainty)."""
+    rows = []
+    for batch, runs in grid.groupby("global_batch"):
+        mean = runs.groupby("lr")["final_loss"].mean()
+        best = float(mean.idxmin())
+        per_seed = runs.loc[runs.groupby("seed")["final_loss"].idxmin(), "lr"]
+        at_best = runs[runs["lr"] == best]
+        rows.append(
+            BestLR(
+                global_batch=int(batch),
+                steps=int(runs["steps"].iloc[0]),
+                samples=int(runs["samples"].iloc[0]),
+                best_lr=best,
+                lowest_seed_best=float(per_seed.min()),
+                highest_seed_best=float(per_seed.max()),
+                final_loss=float(at_best["final_loss"].mean()),
+                final_loss_std=float(at_best["final_loss"].std(ddof=1)),
+                accuracy=float(at_best["accuracy"].mean()),
+            ).__dict__
+        )
+    return pd.DataFrame(rows)
+
+
+def predicted_best_lr(batch: float | np.ndarray, lr_max: float, b_noise: float) -> np.ndarray:
+    """McCandlish et al.'s best learning rate at batch ``B``: ``lr_max / (1 + B_noise / B)``,
+    linear in ``B`` well below ``B_noise``, levelling off at ``lr_max`` well above it."""
+    return lr_max / (1 + b_noise / np.asarray(batch, dtype=float))
+
+
+def fit_lr_max(best: pd.DataFrame, b_noise: float) -> float:
+    """The ``lr_max`` that fits the measured best rates best in log space, given ``B_noise``:
+    the geometric mean of ``best_lr * (1 + B_noise / B)``."""
+    ratios = best["best_lr"] * (1 + b_noise / best["global_batch"])
+    return float(np.exp(np.log(ratios).mean()))
+
+
+def noise_scale_during_training(
+    data: HARData,
     after_epochs: Sequence[int],
     config: TrainConfig,
-    n_samples: int = 2048,
-    iters: int = 20,
-    threads: int | None = None,
+    local_batch: int = 64,
+    workers: int = 4,
+    n_batches: int = 20,
+    threads: int = 2,
 ) -> pd.DataFrame:
-    """Sharpness of the reference MLP after training ``config`` for each number of epochs in
-    ``after_epochs`` (0: at initialisation), on the first ``n_samples`` training samples, with the
-    largest stable learning rate ``2 / sharpness`` beside it. Each point trains from scratch, in
-    this process, exactly as ``train_in_process`` does."""
-    data = load_har(config.data)
-    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
+    """The simple noise scale ``B_simple`` after training ``config`` for each number of epochs
+    in ``after_epochs`` (0: at initialisation), estimated from ``n_batches`` global batches of
+    ``workers`` local batches of ``local_batch`` samples. Each point trains from scratch."""
+    X, y = reordered(data, config.seed)
     rows = []
-    with torch_threads(threads or torch.get_num_threads()):
+    with torch_threads(threads):
         for epochs in after_epochs:
             torch.manual_seed(config.seed)
             model = make_mlp()
             if epochs > 0:
                 train_steps(model, X, y, replace(config, epochs=epochs))
-            value = sharpness(model, X[:n_samples], y[:n_samples], iters)
-            rows.append({"epochs": epochs, "sharpness": value, "max_stable_lr": 2 / value})
-    return pd.DataFrame(rows)
-
-
-def measure_epoch_seconds(
-    world_sizes: Sequence[int],
-    batches: Sequence[int],
-    n_samples: int,
-    data: str | None = None,
-    min_steps: int = 8,
-    threads_per_worker: int | None = None,
-    oversubscribe: bool = False,
-    progress: Progress = None,
-) -> tuple[pd.DataFrame, list[WorldPlan]]:
-    """Seconds per epoch of real DDP training, for every world size that fits the cores and
-    every global batch: a short ``run_training`` each (start-up and evaluation excluded).
-
-    Returns the table (world, threads_per_worker, global_batch, epochs, seconds,
-    seconds_per_epoch, replicas_identical, oversubscribed) and the plans, whose ``reason`` says
-    why a world size was skipped. What is learnt does not depend on the lr here, only the time:
-    every run uses the base configuration.
-    """
-    plans = plan_world_sizes(world_sizes, threads_per_worker, oversubscribe=oversubscribe)
-    rows = []
-    for plan in plans:
-        if not plan.runs:
-            if progress is not None:
-                progress(f"{plan.world_size} workers: {plan.reason}")
-            continue
-        for batch in batches:
-            epochs = epochs_for_min_steps(batch, n_samples, min_steps)
-            config = TrainConfig(global_batch=batch, epochs=epochs, data=data)
-            run = run_training(
-                plan.world_size, config, plan.threads_per_worker, plan.oversubscribed
-            )
+            ns = measure_noise_scale(model, X, y, local_batch, workers, n_batches, config.seed)
             rows.append(
                 {
-                    "world": plan.world_size,
-                    "threads_per_worker": plan.threads_per_worker,
-                    "global_batch": batch,
                     "epochs": epochs,
-                    "steps": run.steps,
-                    "seconds": run.seconds,
-                    "seconds_per_epoch": run.seconds / epochs,
-                    "replicas_identical": run.replicas_identical,
-                    "oversubscribed": plan.oversubscribed,
+                    "small_batch": ns.small_batch,
+                    "big_batch": ns.big_batch,
+                    "grad_sq": ns.grad_sq,
+                    "trace": ns.trace,
+                    "b_simple": ns.b_simple,
                 }
             )
-            if progress is not None:
-                progress(
-                    f"{plan.world_size} worker(s) x {plan.threads_per_worker} thread(s), "
-                    f"batch {batch:>4}: {run.seconds / epochs:.2f} s per epoch"
-                )
-    return pd.DataFrame(rows), plans
+    return pd.DataFrame(rows)
 
 
 def epochs_to_reach(epoch_accuracies: Sequence[float], target: float) -> int | None:
@@ -287,65 +258,197 @@ def epochs_to_reach(epoch_accuracies: Sequence[float], target: float) -> int | N
     return None
 
 
-def time_to_accuracy(
-    epoch_accuracies: Sequence[float], target: float, seconds_per_epoch: float
-) -> float:
-    """Seconds of training until the test accuracy first reaches ``target``: epochs to reach it
-    times seconds per epoch; ``math.inf`` if it never does."""
-    epochs = epochs_to_reach(epoch_accuracies, target)
-    return math.inf if epochs is None else epochs * seconds_per_epoch
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration a practitioner could choose: workers, global batch, lr policy."""
-
-    world: int
-    global_batch: int
-    policy: str
-
-    @property
-    def label(self) -> str:
-        workers = "1 worker" if self.world == 1 else f"{self.world} workers"
-        return f"{workers}, batch {self.global_batch}, {self.policy}"
-
-
-def time_to_accuracy_table(
-    candidates: Sequence[Candidate],
-    sweep: pd.DataFrame,
-    epoch_seconds: pd.DataFrame,
-    target: float,
-) -> pd.DataFrame:
-    """For each candidate: its accuracy curve (from ``sweep``, the same for any world size),
-    its measured seconds per epoch (from ``epoch_seconds``, for its world size and batch), the
-    epochs and the seconds it needs to reach ``target``, and the speed-up over the first
-    candidate (the baseline). Candidates whose world size was not measured are left out."""
+def time_to_target_table(grid: pd.DataFrame, best: pd.DataFrame, target: float) -> pd.DataFrame:
+    """For each batch at its best rate: how many of its seeds reach ``target`` test accuracy
+    within the budget, and for those, the median epochs, samples, steps and seconds (in this
+    process) to get there. Read from the same runs as ``best_lr_table``."""
     rows = []
-    for c in candidates:
-        timed = epoch_seconds[
-            (epoch_seconds["world"] == c.world) & (epoch_seconds["global_batch"] == c.global_batch)
-        ]
-        if timed.empty:
-            continue
-        run = sweep[(sweep["policy"] == c.policy) & (sweep["global_batch"] == c.global_batch)]
-        if len(run) != 1:
-            raise ValueError(f"the sweep has no single run of batch {c.global_batch}, {c.policy}")
-        curve = run["epoch_accuracies"].iloc[0]
-        per_epoch = float(timed["seconds_per_epoch"].iloc[0])
+    for b in best.itertuples(index=False):
+        runs = grid[(grid["global_batch"] == b.global_batch) & (grid["lr"] == b.best_lr)]
+        reached = [epochs_to_reach(acc, target) for acc in runs["epoch_accuracies"]]
+        hit = [e for e in reached if e is not None]
+        epochs = float(np.median(hit)) if hit else math.nan
+        spe = b.steps / runs["epochs"].iloc[0]
+        per_epoch = float((runs["seconds"] / runs["epochs"]).median())
         rows.append(
             {
-                "configuration": c.label,
-                "world": c.world,
-                "global_batch": c.global_batch,
-                "policy": c.policy,
-                "lr": float(run["lr"].iloc[0]),
+                "global_batch": b.global_batch,
+                "best_lr": b.best_lr,
+                "seeds_reaching": len(hit),
+                "seeds": len(reached),
+                "epochs": epochs,
+                "samples": epochs * spe * b.global_batch,
+                "steps": epochs * spe,
                 "seconds_per_epoch": per_epoch,
-                "epochs_to_target": epochs_to_reach(curve, target),
-                "seconds_to_target": time_to_accuracy(curve, target, per_epoch),
-                "epoch_accuracies": curve,
+                "seconds": epochs * per_epoch,
             }
         )
-    table = pd.DataFrame(rows)
-    if not table.empty:
-        table["speedup"] = table["seconds_to_target"].iloc[0] / table["seconds_to_target"]
-    return table
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- tables, formatted for printing
+
+
+def _fmt(frame: pd.DataFrame, formats: dict[str, str], names: dict[str, str]) -> str:
+    shown = frame[list(formats)].copy()
+    for column, spec in formats.items():
+        shown[column] = [format(v, spec) if pd.notna(v) else "-" for v in shown[column]]
+    return shown.rename(columns=names).to_string(index=False)
+
+
+def format_plan(batches: Sequence[int], n_samples: int, epochs: int) -> str:
+    """The budget per batch: steps and samples seen, and what the dropped last batch leaves out."""
+    rows = [
+        {
+            "global batch": b,
+            "share of the data": f"{b / n_samples:.1%}",
+            "steps/epoch": steps_per_epoch(n_samples, b),
+            f"steps in {epochs} epochs": epochs * steps_per_epoch(n_samples, b),
+            "samples seen": epochs * steps_per_epoch(n_samples, b) * b,
+            "left out/epoch": n_samples - steps_per_epoch(n_samples, b) * b,
+        }
+        for b in batches
+    ]
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def format_loss_grid(grid: pd.DataFrame) -> str:
+    """Final training loss, mean ± standard deviation over the seeds, batch by lr ("div":
+    at least one seed diverged)."""
+
+    def cell(runs: pd.DataFrame) -> str:
+        if runs["diverged"].any():
+            return f"div ({int(runs['diverged'].sum())}/{len(runs)})"
+        return f"{runs['final_loss'].mean():.3f}±{runs['final_loss'].std(ddof=1):.3f}"
+
+    table = grid.groupby(["global_batch", "lr"]).apply(cell, include_groups=False).unstack("lr")
+    table.columns = [f"lr {lr:.3f}" for lr in table.columns]
+    table.index.name = "batch"
+    return table.to_string()
+
+
+def format_best_lr(best: pd.DataFrame) -> str:
+    """The tuning's verdict per batch."""
+    return _fmt(
+        best,
+        {
+            "global_batch": "d",
+            "steps": "d",
+            "samples": ",d",
+            "best_lr": ".3f",
+            "lowest_seed_best": ".3f",
+            "highest_seed_best": ".3f",
+            "final_loss": ".3f",
+            "final_loss_std": ".3f",
+            "accuracy": ".1%",
+        },
+        {
+            "global_batch": "batch",
+            "best_lr": "best lr",
+            "lowest_seed_best": "seeds' best: from",
+            "highest_seed_best": "to",
+            "final_loss": "train loss",
+            "final_loss_std": "± (sd)",
+            "accuracy": "test acc.",
+        },
+    )
+
+
+def format_noise_scale(table: pd.DataFrame) -> str:
+    """The noise-scale estimates during training."""
+    return _fmt(
+        table,
+        {
+            "epochs": "d",
+            "small_batch": "d",
+            "big_batch": "d",
+            "grad_sq": ".3f",
+            "trace": ".1f",
+            "b_simple": ".0f",
+        },
+        {
+            "epochs": "after epochs",
+            "small_batch": "local batch",
+            "big_batch": "averaged batch",
+            "grad_sq": "|G|^2",
+            "trace": "tr(Sigma)",
+            "b_simple": "B_simple",
+        },
+    )
+
+
+def format_warmup(grid: pd.DataFrame) -> str:
+    """With against without warm-up: final loss (mean ± sd over seeds), peak loss, divergences."""
+    rows = []
+    for (lr, warmup), runs in grid.groupby(["lr", "warmup_steps"]):
+        rows.append(
+            {
+                "lr": f"{lr:.3f}",
+                "warm-up steps": warmup,
+                "diverged": f"{int(runs['diverged'].sum())}/{len(runs)}",
+                "peak loss (median)": f"{runs['peak_loss'].median():.2f}",
+                "final train loss": f"{runs['final_loss'].mean():.3f}"
+                f"±{runs['final_loss'].std(ddof=1):.3f}",
+                "test acc.": f"{runs['accuracy'].mean():.1%}",
+            }
+        )
+    return pd.DataFrame(rows).to_string(index=False)
+
+
+def format_time_to_target(table: pd.DataFrame) -> str:
+    """Budgets to the target, per batch at its best rate."""
+    shown = table.assign(
+        reached=[f"{r}/{n}" for r, n in zip(table.seeds_reaching, table.seeds, strict=True)]
+    )
+    return _fmt(
+        shown,
+        {
+            "global_batch": "d",
+            "best_lr": ".3f",
+            "reached": "s",
+            "epochs": ".1f",
+            "samples": ",.0f",
+            "steps": ".0f",
+            "seconds": ".2f",
+        },
+        {
+            "global_batch": "batch",
+            "best_lr": "best lr",
+            "reached": "seeds reaching",
+            "epochs": "epochs (median)",
+            "seconds": "seconds (1 process)",
+        },
+    )
+
+
+# Goyal et al. 2017's ResNet-50 run at minibatch 8k (their Sections 2 and 5).
+IMAGENET_TRAIN = 1_281_167
+GOYAL = {"batch": 8192, "epochs": 90, "warmup_epochs": 5}
+
+
+def goyal_comparison(n_samples: int, batch: int, epochs: int, warmup_steps: int) -> pd.DataFrame:
+    """Goyal et al.'s large-batch run beside this notebook's largest one, in the same units:
+    the batch as a share of the data, the budget in epochs and in steps, the warm-up in steps."""
+    theirs_steps = IMAGENET_TRAIN // GOYAL["batch"]
+    ours_steps = steps_per_epoch(n_samples, batch)
+    rows = [
+        ("training samples", f"{IMAGENET_TRAIN:,}", f"{n_samples:,}"),
+        ("global batch", f"{GOYAL['batch']:,}", f"{batch:,}"),
+        (
+            "batch / training set",
+            f"{GOYAL['batch'] / IMAGENET_TRAIN:.2%}",
+            f"{batch / n_samples:.1%}",
+        ),
+        ("budget, epochs", f"{GOYAL['epochs']}", f"{epochs}"),
+        ("budget, steps", f"{GOYAL['epochs'] * theirs_steps:,}", f"{epochs * ours_steps:,}"),
+        ("warm-up, steps", f"{GOYAL['warmup_epochs'] * theirs_steps:,}", f"{warmup_steps}"),
+        ("optimiser", "SGD, momentum 0.9, weight decay 1e-4", "plain SGD"),
+        ("normalisation", "BatchNorm", "none"),
+        ("learning rate", "0.1 x batch/256 (3.2 at 8k)", "tuned per batch"),
+    ]
+    return pd.DataFrame(rows, columns=["", "Goyal et al. (ResNet-50, ImageNet)", "here (MLP)"])
+
+
+def format_goyal(table: pd.DataFrame) -> str:
+    """The comparison as text."""
+    return table.to_string(index=False)

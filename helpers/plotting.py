@@ -144,17 +144,7 @@ def plot_replica_accuracies(
     return fig
 
 
-# ------------------------------------------------------------------------ notebook 05: large batch
-
-_POLICY_STYLES = {  # colour and line style per learning-rate policy of helpers.large_batch
-    "constant lr": ("C3", "-", "s"),
-    "linear scaling": ("C0", "--", "o"),
-    "linear scaling + warm-up": ("C2", "-", "^"),
-}
-
-
-def _policy_style(policy: str) -> tuple[str | None, str, str]:
-    return _POLICY_STYLES.get(policy, (None, "-", "o"))
+# ---------------------------------------------------------------- notebook 05: large batches
 
 
 def _plain_log_y(ax: plt.Axes) -> None:
@@ -167,110 +157,82 @@ def _plain_log_y(ax: plt.Axes) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_batch_sweep(sweep: pd.DataFrame, banner: str, base_batch: int = 256) -> Figure:
-    """Two panels against the global batch (log-2 axis), one line per lr policy: the test
-    accuracy after the epoch budget, and the mean training loss over the last epoch (log
-    scale). Runs whose loss rose above its starting value are ringed in black. Each tick also
-    says how many steps (updates) the budget gives that batch. The table comes from
-    ``helpers.large_batch.run_sweep``."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    panels = (
-        ("accuracy", "test accuracy after the last epoch (%)", "Test accuracy"),
-        ("last_epoch_loss", "training loss, mean over the last epoch (log scale)", "Training loss"),
-    )
-    steps = sweep.drop_duplicates("global_batch").sort_values("global_batch")
-    ticks = [f"{b}\n({s})" for b, s in zip(steps["global_batch"], steps["steps"], strict=True)]
-    for ax, (column, ylabel, name) in zip(axes, panels, strict=True):
-        for policy, group in sweep.groupby("policy", sort=False):
-            colour, style, marker = _policy_style(policy)
-            group = group.sort_values("global_batch")
-            ax.plot(
-                group["global_batch"],
-                group[column],
-                ls=style,
-                marker=marker,
-                color=colour,
-                label=policy,
-            )
-        bad = sweep[sweep["diverged"]]
-        ax.plot(
-            bad["global_batch"],
-            bad[column],
-            "o",
-            ms=13,
-            mfc="none",
-            mec="black",
-            label="loss rose above its start (diverged)",
-        )
-        ax.axvline(base_batch, color="grey", lw=0.8, ls=":", label=f"base batch {base_batch}")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(steps["global_batch"], ticks)
-        ax.minorticks_off()
-        ax.set_xlabel("global batch size (samples per step); in brackets, steps in the budget")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{name} against global batch size", fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[0].yaxis.set_major_formatter(PercentFormatter(1.0))
-    axes[0].set_ylim(0, 1)
-    _plain_log_y(axes[1])
-    axes[0].legend(fontsize=8, loc="lower left")
-    fig.suptitle(f"The same epoch budget at every batch size\n{banner}", fontsize=10)
+def plot_lr_tuning(
+    grid: pd.DataFrame,
+    best: pd.DataFrame,
+    banner: str,
+    prediction: pd.DataFrame | None = None,
+) -> Figure:
+    """Left: final training loss against the learning rate (log axes), one line per global
+    batch, mean over the seeds with their standard deviation as error bars, the best rate
+    starred. Right: the best rate against the batch, the bar spanning the rates single seeds
+    picked, beside linear scaling from the smallest batch and, if given, a prediction
+    (columns global_batch, lr, label). Tables from ``helpers.large_batch``."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    ok = grid[~grid["diverged"]]
+    for i, (batch, runs) in enumerate(ok.groupby("global_batch")):
+        stats = runs.groupby("lr")["final_loss"].agg(["mean", "std"])
+        left.errorbar(
+            stats.index, stats["mean"], yerr=stats["std"], marker="o", ms=4, capsize=3,
+            color=f"C{i}", label=f"batch {batch}",
+        )  # fmt: skip
+        b = best[best["global_batch"] == batch]
+        left.plot(b["best_lr"], b["final_loss"], "*", ms=14, color=f"C{i}")
+    left.set_xscale("log", base=2)
+    _plain_log_y(left)
+    left.set_xlabel("learning rate (log scale)")
+    left.set_ylabel("training loss after the budget (log scale)")
+    left.set_title("Final loss against lr (mean ± sd over seeds; star: best)", fontsize=10)
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+
+    err = [best["best_lr"] - best["lowest_seed_best"], best["highest_seed_best"] - best["best_lr"]]
+    right.errorbar(
+        best["global_batch"], best["best_lr"], yerr=err, fmt="o-", capsize=4, color="black",
+        label="best lr measured (bar: single seeds' picks)",
+    )  # fmt: skip
+    first = best.iloc[0]
+    right.plot(
+        best["global_batch"], first["best_lr"] * best["global_batch"] / first["global_batch"],
+        ":", color="grey", label="linear scaling from the smallest batch",
+    )  # fmt: skip
+    if prediction is not None:
+        right.plot(prediction["global_batch"], prediction["lr"], "--", color="C3",
+                   label=prediction["label"].iloc[0])  # fmt: skip
+    right.set_xscale("log", base=2)
+    right.set_yscale("log", base=2)
+    right.set_ylim(best["lowest_seed_best"].min() / 2, 4 * best["highest_seed_best"].max())
+    right.set_xticks(best["global_batch"], [str(b) for b in best["global_batch"]])
+    right.minorticks_off()
+    right.set_xlabel("global batch size (log scale)")
+    right.set_ylabel("learning rate (log scale)")
+    right.set_title("Best learning rate against batch size", fontsize=10)
+    right.legend(fontsize=8, loc="upper left")
+    right.grid(alpha=0.3)
+    fig.suptitle(f"Tuning the learning rate at every batch, same budget in samples\n{banner}",
+                 fontsize=10)  # fmt: skip
     fig.tight_layout()
     return fig
 
 
-def plot_loss_curves(sweep: pd.DataFrame, batches: list[int], banner: str) -> Figure:
-    """Training loss at every step against epochs (so that batches with different numbers of
-    steps share an axis), one panel per global batch in ``batches``, one line per lr policy.
-    The table needs global_batch, policy, steps_per_epoch and losses (a list per row)."""
-    fig, axes = plt.subplots(1, len(batches), figsize=(5.0 * len(batches), 4.0), squeeze=False)
-    for ax, batch in zip(axes[0], batches, strict=True):
-        runs = sweep[sweep["global_batch"] == batch]
-        repeats = runs[runs["same_as"] != ""] if "same_as" in runs else runs.iloc[:0]
-        for _, run in runs.drop(repeats.index).iterrows():
-            colour, style, _ = _policy_style(run["policy"])
-            same = repeats[repeats["same_as"] == run["policy"]]["policy"].tolist()
-            epochs = [(step + 1) / run["steps_per_epoch"] for step in range(len(run["losses"]))]
-            ax.plot(
-                epochs,
-                run["losses"],
-                ls=style,
-                color=colour,
-                lw=1.2,
-                label=" = ".join([run["policy"], *same]) + f" (lr {run['lr']:.4g})",
-            )
+def plot_warmup(grid: pd.DataFrame, banner: str) -> Figure:
+    """Training loss at every step, median over the seeds, one panel per learning rate, with
+    and without warm-up (a dotted line where the warm-up ends). Table from ``run_grid``."""
+    lrs = sorted(grid["lr"].unique())
+    fig, axes = plt.subplots(1, len(lrs), figsize=(5.5 * len(lrs), 4.0), squeeze=False)
+    for ax, lr in zip(axes[0], lrs, strict=True):
+        for i, (warmup, runs) in enumerate(grid[grid["lr"] == lr].groupby("warmup_steps")):
+            curves = pd.DataFrame(runs["losses"].tolist()).clip(upper=1e3)
+            label = f"warm-up {warmup} steps" if warmup else "no warm-up"
+            ax.plot(curves.median(), color=f"C{i}", label=f"{label} (median of {len(runs)})")
+            if warmup:
+                ax.axvline(warmup, color=f"C{i}", ls=":", lw=1)
         _plain_log_y(ax)
-        ax.set_xlabel("epochs of training")
-        ax.set_ylabel("training loss (cross-entropy, log scale)")
-        steps = int(sweep[sweep["global_batch"] == batch]["steps"].iloc[0])
-        ax.set_title(f"global batch {batch} ({steps} steps)", fontsize=10)
-        ax.legend(fontsize=8, loc="best")
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss of the batch (log scale)")
+        ax.set_title(f"lr {lr:.3g}", fontsize=10)
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Training loss per step\n{banner}", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_time_to_accuracy(table: pd.DataFrame, target: float, banner: str) -> Figure:
-    """Test accuracy after each epoch against the estimated wall-clock time (epochs x measured
-    seconds per epoch), one line per configuration, the target as a horizontal line and the
-    moment each configuration first reaches it as a large marker. The table comes from
-    ``helpers.large_batch.time_to_accuracy_table``."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for i, (_, row) in enumerate(table.iterrows()):
-        colour = f"C{i}"
-        curve = row["epoch_accuracies"]
-        times = [(epoch + 1) * row["seconds_per_epoch"] for epoch in range(len(curve))]
-        ax.plot(times, curve, "o-", ms=3, color=colour, label=row["configuration"])
-        if row["seconds_to_target"] != float("inf"):
-            ax.plot(row["seconds_to_target"], target, "*", ms=14, color=colour)
-    ax.axhline(target, color="grey", lw=1, ls="--", label=f"target {target:.0%}")
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-    ax.set_ylim(bottom=max(0.0, min(min(c) for c in table["epoch_accuracies"]) - 0.02))
-    ax.set_xlabel("estimated training time (s): epochs x measured seconds per epoch")
-    ax.set_ylabel("test accuracy after the epoch (%)")
-    ax.set_title(f"Time to accuracy (star: target first reached)\n{banner}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(alpha=0.3)
+    fig.suptitle(f"Warm-up against none\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig

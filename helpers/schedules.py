@@ -42,6 +42,21 @@ class LinearWarmup:
         return self.start_factor + (1.0 - self.start_factor) * step / warmup_steps
 
 
+@dataclass(frozen=True)
+class WarmupSteps:
+    """A linear ramp of the learning rate from ``start_factor`` x lr to lr over ``steps`` steps,
+    counted in steps rather than epochs, so that a large batch (few steps per epoch) still gets
+    a ramp long enough to matter."""
+
+    steps: int
+    start_factor: float = 0.0
+
+    def factor(self, step: int, steps_per_epoch: int) -> float:
+        if self.steps <= 0 or step >= self.steps:
+            return 1.0
+        return self.start_factor + (1.0 - self.start_factor) * step / self.steps
+
+
 def goyal_warmup(base_batch: int, global_batch: int, epochs: float = 5.0) -> Schedule:
     """Goyal et al.'s gradual warm-up for a global batch ``k = global_batch / base_batch`` times
     the base batch, used with the linearly scaled lr: start at the base batch's rate (factor

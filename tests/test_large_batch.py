@@ -1,4 +1,4 @@
-"""The large-batch experiment driver: policies, sweep bookkeeping, time-to-accuracy arithmetic."""
+"""The large-batch experiment: divergence, seeds, the tuning's bookkeeping, budgets."""
 
 from __future__ import annotations
 
@@ -7,195 +7,156 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import torch
-from torch import nn
 
-from helpers.data import load_har
+from helpers.data import HARData
 from helpers.large_batch import (
-    BASE_BATCH,
-    BASE_LR,
     BATCHES,
-    Candidate,
+    LR_GRID,
+    best_lr_table,
     diverged,
     epochs_to_reach,
+    fit_lr_max,
+    format_best_lr,
+    format_loss_grid,
+    format_plan,
+    format_time_to_target,
+    format_warmup,
     last_epoch_loss,
-    make_policies,
-    run_sweep,
-    sharpness,
-    sharpness_during_training,
-    time_to_accuracy,
-    time_to_accuracy_table,
+    predicted_best_lr,
+    reordered,
+    run_grid,
+    time_to_target_table,
 )
-from helpers.model import make_mlp
-from helpers.schedules import Constant, LinearWarmup
-from helpers.training import TrainConfig, epochs_for_min_steps, lr_at, train_in_process
-
-CONSTANT, LINEAR, WARMUP = make_policies(warmup_epochs=2)
 
 
-def test_the_batches_double_from_64_to_4096():
-    assert BATCHES == (64, 128, 256, 512, 1024, 2048, 4096)
+def tiny_data(n: int = 300) -> HARData:
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (n, 561)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64) + 2 * (X[:, 1] > 0)
+    subjects = np.ones(n, dtype=np.int64)
+    return HARData(X, y, subjects, X[:100], y[:100], subjects[:100], "standin", "data: tiny")
 
 
-@pytest.mark.parametrize("batch", BATCHES)
-def test_policies_give_the_right_lr_per_batch(batch):
-    k = batch / BASE_BATCH
-    assert CONSTANT.lr(batch) == BASE_LR
-    assert LINEAR.lr(batch) == pytest.approx(BASE_LR * k)
-    assert WARMUP.lr(batch) == pytest.approx(BASE_LR * k)  # the target; the warm-up leads there
-    assert CONSTANT.schedule(batch) == LINEAR.schedule(batch) == Constant()
-    if batch > BASE_BATCH:
-        assert WARMUP.schedule(batch) == LinearWarmup(epochs=2, start_factor=1 / k)
-    else:
-        assert WARMUP.schedule(batch) == Constant()
+def test_the_grid_doubles_the_batch_and_steps_the_lr_by_root_two():
+    assert BATCHES == (64, 128, 256, 512, 1024, 2048)
+    assert np.allclose(np.diff(np.log2(LR_GRID)), 0.5)
 
 
-def test_warmup_runs_from_the_base_lr_to_the_scaled_lr():
-    config = WARMUP.config(4096, epochs=10, data="standin")
-    spe = 7352 // 4096  # 1 step per epoch: the warm-up is 2 steps
-    assert lr_at(config, 0, spe) == pytest.approx(BASE_LR)
-    assert lr_at(config, 1, spe) == pytest.approx((BASE_LR + 0.8) / 2)
-    assert lr_at(config, 2, spe) == pytest.approx(0.8)
-    assert lr_at(config, 9, spe) == pytest.approx(0.8)
-    assert lr_at(CONSTANT.config(4096, epochs=10), 0, spe) == BASE_LR
-
-
-def test_at_the_base_batch_every_policy_is_the_same_run():
-    configs = {p.config(BASE_BATCH, 3, data="standin") for p in (CONSTANT, LINEAR, WARMUP)}
-    assert len(configs) == 1
-    assert len({p.config(64, 3) for p in (CONSTANT, LINEAR, WARMUP)}) == 2  # warm-up = linear
-    assert len({p.config(512, 3) for p in (CONSTANT, LINEAR, WARMUP)}) == 3
-
-
-def test_epochs_to_reach_counts_from_one():
-    curve = [0.5, 0.7, 0.69, 0.9, 0.95]
-    assert epochs_to_reach(curve, 0.4) == 1
-    assert epochs_to_reach(curve, 0.7) == 2  # reaching the target exactly counts
-    assert epochs_to_reach(curve, 0.8) == 4
-    assert epochs_to_reach(curve, 0.96) is None
-    assert epochs_to_reach([], 0.1) is None
-
-
-def test_time_to_accuracy_is_epochs_times_seconds_per_epoch():
-    curve = [0.5, 0.7, 0.9]
-    assert time_to_accuracy(curve, 0.8, seconds_per_epoch=2.5) == pytest.approx(7.5)
-    assert time_to_accuracy(curve, 0.5, seconds_per_epoch=2.5) == pytest.approx(2.5)
-    assert time_to_accuracy(curve, 0.99, seconds_per_epoch=2.5) == math.inf
-
-
-def test_time_to_accuracy_table_on_synthetic_numbers():
-    sweep = pd.DataFrame(
-        [
-            {"global_batch": 64, "policy": "constant lr", "lr": 0.05,
-             "epoch_accuracies": [0.80, 0.90, 0.92]},
-            {"global_batch": 1024, "policy": "warm", "lr": 0.2,
-             "epoch_accuracies": [0.50, 0.85, 0.91]},
-            {"global_batch": 1024, "policy": "constant lr", "lr": 0.05,
-             "epoch_accuracies": [0.30, 0.40, 0.50]},
-        ]
-    )  # fmt: skip
-    seconds = pd.DataFrame(
-        [
-            {"world": 1, "global_batch": 64, "seconds_per_epoch": 4.0},
-            {"world": 1, "global_batch": 1024, "seconds_per_epoch": 2.0},
-            {"world": 2, "global_batch": 1024, "seconds_per_epoch": 1.25},
-        ]
-    )
-    candidates = [
-        Candidate(1, 64, "constant lr"),
-        Candidate(1, 1024, "warm"),
-        Candidate(2, 1024, "warm"),
-        Candidate(2, 1024, "constant lr"),
-        Candidate(4, 1024, "warm"),  # not measured (does not fit the cores): left out
-    ]
-    table = time_to_accuracy_table(candidates, sweep, seconds, target=0.9)
-    assert table["configuration"].tolist() == [
-        "1 worker, batch 64, constant lr",
-        "1 worker, batch 1024, warm",
-        "2 workers, batch 1024, warm",
-        "2 workers, batch 1024, constant lr",
-    ]
-    assert table["epochs_to_target"].tolist()[:3] == [2, 3, 3]
-    assert pd.isna(table["epochs_to_target"].iloc[3])
-    assert table["seconds_to_target"].tolist() == pytest.approx([8.0, 6.0, 3.75, math.inf])
-    assert table["speedup"].tolist() == pytest.approx([1.0, 8 / 6, 8 / 3.75, 0.0])
-
-
-def test_time_to_accuracy_table_refuses_a_run_the_sweep_lacks():
-    sweep = pd.DataFrame([{"global_batch": 64, "policy": "a", "lr": 0.1, "epoch_accuracies": [1]}])
-    seconds = pd.DataFrame([{"world": 1, "global_batch": 128, "seconds_per_epoch": 1.0}])
-    with pytest.raises(ValueError, match="batch 128"):
-        time_to_accuracy_table([Candidate(1, 128, "a")], sweep, seconds, 0.5)
-
-
-def test_timing_epochs_time_enough_steps():
-    assert epochs_for_min_steps(64, 7352, 8) == 1  # 114 steps in one epoch
-    assert epochs_for_min_steps(2048, 7352, 8) == 3  # 3 steps per epoch: 3 epochs for 8 steps
-    assert epochs_for_min_steps(4096, 7352, 8) == 8
-    with pytest.raises(ValueError, match="larger than"):
-        epochs_for_min_steps(8192, 7352, 8)
-
-
-def test_a_small_sweep_tabulates_every_pair_and_reuses_equal_runs():
-    lines: list[str] = []
-    table = run_sweep([256, 2048], (CONSTANT, LINEAR, WARMUP), 1, "standin", 1, lines.append)
-    assert len(table) == len(lines) == 6
-    assert table["same_as"].tolist() == ["", "constant lr", "constant lr", "", "", ""]
-    at_base = table[table["global_batch"] == 256]
-    assert at_base["accuracy"].nunique() == 1 and at_base["last_epoch_loss"].nunique() == 1
-    big = table[table["global_batch"] == 2048].set_index("policy")
-    assert big["lr"].tolist() == pytest.approx([0.05, 0.4, 0.4])
-    assert (big["steps"] == 3).all() and (table[table["global_batch"] == 256]["steps"] == 28).all()
-    assert big["warmup_epochs"].tolist() == [0.0, 0.0, 2.0]
-    # the three policies really trained differently at 2048
-    assert big["last_epoch_loss"].nunique() == 3
-    assert all(
-        len(losses) == steps for losses, steps in zip(table["losses"], table["steps"], strict=True)
-    )
-    assert all(len(curve) == 1 for curve in table["epoch_accuracies"])
-    assert "the same run as constant lr" in lines[1]
-
-
-def test_divergence_means_the_loss_rose_above_its_start():
-    assert not diverged([1.8, 1.2, 0.9, 1.1])  # noisy, but never above where it started
-    assert diverged([1.8, 2.5, 1.7])
-    assert diverged([1.8, 1.0, float("nan")])
-    assert diverged([1.8, float("inf")])
+def test_a_recovered_spike_is_not_divergence():
+    # steps_per_epoch 2: the last epoch's mean is compared with the first loss
+    assert not diverged([1.8, 9.0, 1.0, 0.9], steps_per_epoch=2)  # catapult: up, then down
+    assert diverged([1.8, 1.5, 1.9, 2.0], steps_per_epoch=2)  # ends above the start
+    assert diverged([1.8, 1.0, float("nan"), 0.5], steps_per_epoch=2)  # not finite, ever
+    assert diverged([1.8, float("inf"), 0.1, 0.1], steps_per_epoch=2)
 
 
 def test_last_epoch_loss_averages_the_last_epochs_steps():
     assert last_epoch_loss([9.0, 9.0, 1.0, 2.0, 3.0], steps_per_epoch=3) == pytest.approx(2.0)
-    assert last_epoch_loss([9.0, 4.0], steps_per_epoch=1) == 4.0
     assert last_epoch_loss([1.0, float("nan")], steps_per_epoch=2) == math.inf
 
 
-def test_sharpness_matches_the_hessian_of_a_softmax_model():
-    # Logits W x with W = 0 and 2 classes: both probabilities are 1/2, and the Hessian of the
-    # mean cross-entropy is [[1, -1], [-1, 1]] / 4 (x) X^T X / n, whose largest eigenvalue is
-    # 1/2 times that of X^T X / n.
-    gen = torch.Generator().manual_seed(0)
-    X = torch.randn(200, 5, generator=gen) * torch.tensor([3.0, 1.0, 1.0, 0.5, 0.2])
-    y = torch.randint(0, 2, (200,), generator=gen)
-    model = nn.Linear(5, 2, bias=False)
-    nn.init.zeros_(model.weight)
-    expected = 0.5 * np.linalg.eigvalsh((X.T @ X / len(X)).double().numpy()).max()
-    assert sharpness(model, X, y, iters=100) == pytest.approx(expected, rel=1e-3)
-    # scaling the inputs by 2 scales the curvature by 4
-    assert sharpness(model, 2 * X, y, iters=100) == pytest.approx(4 * expected, rel=1e-3)
+def test_each_seed_gets_its_own_order_of_the_same_samples():
+    data = tiny_data()
+    X0, y0 = reordered(data, 0)
+    X1, y1 = reordered(data, 1)
+    assert np.array_equal(X0.numpy(), data.X_train)  # seed 0: as stored
+    assert not np.array_equal(X1.numpy(), data.X_train)
+    rows = {tuple(r) for r in X1.numpy()[:, :3].tolist()}
+    assert rows == {tuple(r) for r in data.X_train[:, :3].tolist()}
+    assert sorted(y1.tolist()) == sorted(y0.tolist())
 
 
-def test_sharpness_during_training_reports_the_stable_lr():
-    """It trains for each number of epochs, as train_in_process does, then measures."""
-    config = TrainConfig(global_batch=2048, epochs=1, lr=0.5, data="standin", return_weights=True)
-    table = sharpness_during_training([0, 1], config, n_samples=32, iters=3, threads=1)
-    assert table["epochs"].tolist() == [0, 1]
-    at_start, trained = table["sharpness"].tolist()
-    assert trained != at_start  # the second point really was trained
-    np.testing.assert_allclose(table["max_stable_lr"], [2 / at_start, 2 / trained])
-    # the same training done by train_in_process, measured by hand, gives the same sharpness
-    model = make_mlp()
-    weights = train_in_process(config, threads=1).weights[0]
-    torch.nn.utils.vector_to_parameters(torch.from_numpy(weights).float(), model.parameters())
-    data = load_har("standin")
-    X, y = torch.from_numpy(data.X_train[:32]), torch.from_numpy(data.y_train[:32])
-    assert sharpness(model, X, y, iters=3) == pytest.approx(trained, rel=1e-4)
+def test_a_small_grid_trains_every_run_and_counts_its_budget():
+    lines: list[str] = []
+    grid = run_grid(
+        tiny_data(), [50, 100], [0.01, 0.1], [0, 1], 2, threads=1, progress=lines.append
+    )
+    assert len(grid) == 8 and len(lines) == 4
+    at_100 = grid[grid["global_batch"] == 100]
+    assert (at_100["steps"] == 6).all() and (at_100["samples"] == 600).all()
+    assert all(len(acc) == 2 for acc in grid["epoch_accuracies"])
+    # seeds differ, the runs are otherwise equal
+    one = grid[(grid["global_batch"] == 50) & (grid["lr"] == 0.1)]
+    assert one["final_loss"].nunique() == 2
+    warm = run_grid(tiny_data(), [50], [0.1], [0], 1, warmup_steps=3, threads=1)
+    assert warm["warmup_steps"].tolist() == [3]
+    assert warm["final_loss"].iloc[0] != one[one["seed"] == 0]["final_loss"].iloc[0]
+
+
+def synthetic_grid() -> pd.DataFrame:
+    rows = []
+    losses = {  # (batch, lr): loss per seed
+        (64, 0.1): [0.5, 0.6, 0.4],
+        (64, 0.2): [0.45, 0.7, 0.5],
+        (256, 0.1): [0.9, 0.9, 0.8],
+        (256, 0.2): [0.7, 0.8, 0.85],
+    }
+    for (batch, lr), per_seed in losses.items():
+        for seed, loss in enumerate(per_seed):
+            rows.append(
+                {
+                    "global_batch": batch,
+                    "lr": lr,
+                    "seed": seed,
+                    "epochs": 2,
+                    "steps": 2 * (1024 // batch),
+                    "samples": 2 * 1024,
+                    "final_loss": loss,
+                    "accuracy": 1 - loss,
+                    "diverged": False,
+                    "seconds": 2.0,
+                    "epoch_accuracies": [0.5, 0.9] if seed else [0.85, 0.95],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_the_best_lr_is_the_lowest_seed_mean_and_the_seeds_give_its_range():
+    best = best_lr_table(synthetic_grid()).set_index("global_batch")
+    assert best.loc[64, "best_lr"] == 0.1  # mean 0.5 against 0.55
+    assert (best.loc[64, "lowest_seed_best"], best.loc[64, "highest_seed_best"]) == (0.1, 0.2)
+    assert best.loc[256, "best_lr"] == 0.2
+    assert best.loc[256, "final_loss"] == pytest.approx(0.7833, abs=1e-3)
+    assert best.loc[256, "steps"] == 8
+
+
+def test_mccandlish_best_lr_is_linear_below_the_noise_scale_and_flat_above():
+    lr = predicted_best_lr(np.array([1.0, 2.0, 1e6]), lr_max=0.5, b_noise=1000)
+    assert lr[1] / lr[0] == pytest.approx(2.0, rel=1e-3)
+    assert lr[2] == pytest.approx(0.5, rel=1e-3)
+    best = pd.DataFrame({"global_batch": [64, 256, 1024]})
+    best["best_lr"] = predicted_best_lr(best["global_batch"], 0.3, 100)
+    assert fit_lr_max(best, 100) == pytest.approx(0.3)
+
+
+def test_time_to_target_reads_the_same_runs():
+    grid = synthetic_grid()
+    table = time_to_target_table(grid, best_lr_table(grid), target=0.9).set_index("global_batch")
+    # at 64 (best lr 0.1): seed 0 reaches 90% after epoch 2, seeds 1 and 2 after epoch 2
+    assert table.loc[64, "seeds_reaching"] == 3 and table.loc[64, "epochs"] == 2
+    assert table.loc[64, "steps"] == 32 and table.loc[64, "samples"] == 2048
+    assert table.loc[64, "seconds"] == pytest.approx(2.0)
+    assert epochs_to_reach([0.5, 0.9], 0.95) is None
+    assert epochs_to_reach([0.5, 0.9], 0.9) == 2
+
+
+def test_the_tables_format():
+    grid = synthetic_grid().assign(warmup_steps=0, peak_loss=1.0)
+    best = best_lr_table(grid)
+    assert "best lr" in format_best_lr(best)
+    assert "0.500±0.100" in format_loss_grid(grid)
+    assert "diverged" in format_warmup(grid)
+    assert "seeds reaching" in format_time_to_target(time_to_target_table(grid, best, 0.9))
+    plan = format_plan([64, 4096], 7415, 3)
+    assert "3319" in plan  # 7415 - 4096 samples left out at batch 4096
+
+
+def test_goyal_comparison_counts_their_steps():
+    from helpers.large_batch import format_goyal, goyal_comparison
+
+    table = goyal_comparison(7415, 2048, 3, 20).set_index("")
+    theirs = table.columns[0]
+    assert table.loc["budget, steps", theirs] == "14,040"  # 90 x 156
+    assert table.loc["warm-up, steps", theirs] == "780"
+    assert table.loc["budget, steps", "here (MLP)"] == "9"
+    assert "27.6%" in format_goyal(table.reset_index())

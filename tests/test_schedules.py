@@ -90,3 +90,12 @@ def test_the_loss_curve_does_see_the_schedule(warm_runs):
     assert without.losses[0] == pytest.approx(one.losses[0])  # same start, same first batch
     # a different schedule changes the curve by far more than the tolerance used above
     assert np.max(np.abs(np.array(without.losses) - np.array(one.losses))) > 1e-3
+
+
+def test_a_warmup_counted_in_steps_ramps_from_zero_then_holds():
+    from helpers.schedules import WarmupSteps
+
+    warm = WarmupSteps(steps=20)
+    assert [warm.factor(s, steps_per_epoch=14) for s in (0, 10, 20, 100)] == [0.0, 0.5, 1.0, 1.0]
+    assert WarmupSteps(steps=4, start_factor=0.2).factor(2, 1) == pytest.approx(0.6)
+    assert WarmupSteps(steps=0).factor(0, 1) == 1.0

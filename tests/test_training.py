@@ -15,8 +15,8 @@ import workers
 
 import helpers.reproduce as reproduce_module
 from helpers.data import uci as uci_module
-from helpers.large_batch import make_policies, measure_epoch_seconds, run_sweep
 from helpers.launch import available_cores, launch, plan_world_sizes
+from helpers.scaling import sweep
 from helpers.schedules import Constant, LinearWarmup, linearly_scaled_lr
 from helpers.training import (
     TrainConfig,
@@ -238,7 +238,7 @@ def test_reproduce_writes_one_record_per_run(tmp_path):
     assert abs(runs[0]["accuracy"] - runs[1]["accuracy"]) < 2 / 2947
 
 
-@pytest.mark.parametrize("entry", ["run_training", "run_sweep", "measure_epoch_seconds"])
+@pytest.mark.parametrize("entry", ["run_training", "sweep"])
 def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, capsys):
     """TrainConfig's default must mean $HAR_DATA (else auto), in the caller and the workers:
     with HAR_DATA=standin nothing may try the network, as "auto" would in an empty folder."""
@@ -253,11 +253,8 @@ def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, ca
     monkeypatch.setattr(uci_module, "_open", offline)
     if entry == "run_training":
         sources = [run_training(1, TrainConfig(global_batch=4096, epochs=1)).data_source]
-    elif entry == "run_sweep":
-        table = run_sweep([4096], make_policies(0)[:1], epochs=1, threads=1)
-        sources = list(table["data_source"])
     else:
-        table, _ = measure_epoch_seconds([1], [4096], 7352, min_steps=1, threads_per_worker=1)
-        sources = ["standin" if len(table) else "none"]  # the table does not name the source
+        table = sweep([4096], world_sizes=[1], min_steps=1, threads=1)
+        sources = [table.attrs["data_source"]]
     assert sources == ["standin"] and tries == []
     assert "notice" not in capsys.readouterr().err
