@@ -215,10 +215,32 @@ def fit_lr_max(best: pd.DataFrame, b_noise: float) -> float:
     return float(np.exp(np.log(ratios).mean()))
 
 
+def noise_scale_interval(
+    measured_ratio: float, smallest: int, largest: int, resolution: float = 2.0
+) -> tuple[float, float]:
+    """The noise scales ``B_noise`` whose predicted growth of the best rate from batch
+    ``smallest`` to ``largest``, ``(1 + B/smallest) / (1 + B/largest)``, lies within a factor
+    ``resolution`` of ``measured_ratio``: how tightly the tuning alone pins the noise scale down
+    (``inf``: any larger one too). The growth rises from 1 (``B_noise`` 0) to
+    ``largest / smallest`` (the linear rule), so each end solves one equation."""
+
+    def noise_scale_for(growth: float) -> float:
+        if growth <= 1:
+            return 0.0
+        if growth >= largest / smallest:
+            return math.inf
+        return (growth - 1) / (1 / smallest - growth / largest)
+
+    return noise_scale_for(measured_ratio / resolution), noise_scale_for(
+        measured_ratio * resolution
+    )
+
+
 def noise_scale_during_training(
     data: HARData,
     after_epochs: Sequence[int],
     config: TrainConfig,
+    seeds: Sequence[int] = SEEDS,
     local_batch: int = 64,
     workers: int = 4,
     n_batches: int = 20,
@@ -226,24 +248,36 @@ def noise_scale_during_training(
 ) -> pd.DataFrame:
     """The simple noise scale ``B_simple`` after training ``config`` for each number of epochs
     in ``after_epochs`` (0: at initialisation), estimated from ``n_batches`` global batches of
-    ``workers`` local batches of ``local_batch`` samples. Each point trains from scratch."""
-    X, y = reordered(data, config.seed)
+    ``workers`` local batches of ``local_batch`` samples, for every seed (initial weights, data
+    order and the batches sampled). One row per point: ``|G|^2`` and ``tr(Sigma)`` averaged over
+    the seeds *before* dividing (a ratio of noisy means is less biased than a mean of noisy
+    ratios), and the range of the seeds' own ``B_simple``. Each point trains from scratch."""
     rows = []
     with torch_threads(threads):
         for epochs in after_epochs:
-            torch.manual_seed(config.seed)
-            model = make_mlp()
-            if epochs > 0:
-                train_steps(model, X, y, replace(config, epochs=epochs))
-            ns = measure_noise_scale(model, X, y, local_batch, workers, n_batches, config.seed)
+            estimates = []
+            for seed in seeds:
+                X, y = reordered(data, seed)
+                torch.manual_seed(seed)
+                model = make_mlp()
+                if epochs > 0:
+                    train_steps(model, X, y, replace(config, epochs=epochs, seed=seed))
+                estimates.append(
+                    measure_noise_scale(model, X, y, local_batch, workers, n_batches, seed)
+                )
+            grad_sq = float(np.mean([e.grad_sq for e in estimates]))
+            trace = float(np.mean([e.trace for e in estimates]))
             rows.append(
                 {
                     "epochs": epochs,
-                    "small_batch": ns.small_batch,
-                    "big_batch": ns.big_batch,
-                    "grad_sq": ns.grad_sq,
-                    "trace": ns.trace,
-                    "b_simple": ns.b_simple,
+                    "small_batch": local_batch,
+                    "big_batch": local_batch * workers,
+                    "seeds": len(estimates),
+                    "grad_sq": grad_sq,
+                    "trace": trace,
+                    "b_simple": trace / grad_sq,
+                    "b_simple_low": min(e.b_simple for e in estimates),
+                    "b_simple_high": max(e.b_simple for e in estimates),
                 }
             )
     return pd.DataFrame(rows)
@@ -355,16 +389,19 @@ def format_best_lr(best: pd.DataFrame) -> str:
 
 
 def format_noise_scale(table: pd.DataFrame) -> str:
-    """The noise-scale estimates during training."""
+    """The noise-scale estimates during training (over the seeds, and each seed's range)."""
     return _fmt(
         table,
         {
             "epochs": "d",
             "small_batch": "d",
             "big_batch": "d",
+            "seeds": "d",
             "grad_sq": ".3f",
             "trace": ".1f",
             "b_simple": ".0f",
+            "b_simple_low": ".0f",
+            "b_simple_high": ".0f",
         },
         {
             "epochs": "after epochs",
@@ -373,6 +410,8 @@ def format_noise_scale(table: pd.DataFrame) -> str:
             "grad_sq": "|G|^2",
             "trace": "tr(Sigma)",
             "b_simple": "B_simple",
+            "b_simple_low": "seeds' B_simple: from",
+            "b_simple_high": "to",
         },
     )
 
@@ -423,30 +462,47 @@ def format_time_to_target(table: pd.DataFrame) -> str:
 
 # Goyal et al. 2017's ResNet-50 run at minibatch 8k (their Sections 2 and 5).
 IMAGENET_TRAIN = 1_281_167
-GOYAL = {"batch": 8192, "epochs": 90, "warmup_epochs": 5}
+GOYAL = {"batch": 8192, "epochs": 90, "warmup_epochs": 5, "base_lr": 0.1, "base_batch": 256}
 
 
-def goyal_comparison(n_samples: int, batch: int, epochs: int, warmup_steps: int) -> pd.DataFrame:
-    """Goyal et al.'s large-batch run beside this notebook's largest one, in the same units:
-    the batch as a share of the data, the budget in epochs and in steps, the warm-up in steps."""
-    theirs_steps = IMAGENET_TRAIN // GOYAL["batch"]
-    ours_steps = steps_per_epoch(n_samples, batch)
+def goyal_comparison(
+    n_samples: int,
+    largest_batch: int,
+    epochs: int,
+    warmup_batch: int,
+    warmup_epochs: int,
+    warmup_steps: int,
+    warmup_lrs: Sequence[float],
+) -> pd.DataFrame:
+    """Goyal et al.'s large-batch run beside this notebook's largest batch (the tuning) and its
+    warm-up runs, in the same units: the batch as a share of the data, the budget in epochs and
+    in steps, and the warm-up in steps and rates."""
+    theirs = IMAGENET_TRAIN // GOYAL["batch"]
+    base_lr, scaled_lr = GOYAL["base_lr"], GOYAL["base_lr"] * GOYAL["batch"] / GOYAL["base_batch"]
+    tuning_steps = epochs * steps_per_epoch(n_samples, largest_batch)
+    warmup_total = warmup_epochs * steps_per_epoch(n_samples, warmup_batch)
     rows = [
-        ("training samples", f"{IMAGENET_TRAIN:,}", f"{n_samples:,}"),
-        ("global batch", f"{GOYAL['batch']:,}", f"{batch:,}"),
+        ("training samples", f"{IMAGENET_TRAIN:,}", f"{n_samples:,}", f"{n_samples:,}"),
+        ("global batch", f"{GOYAL['batch']:,}", f"{largest_batch:,}", f"{warmup_batch:,}"),
         (
             "batch / training set",
             f"{GOYAL['batch'] / IMAGENET_TRAIN:.2%}",
-            f"{batch / n_samples:.1%}",
+            f"{largest_batch / n_samples:.1%}",
+            f"{warmup_batch / n_samples:.1%}",
         ),
-        ("budget, epochs", f"{GOYAL['epochs']}", f"{epochs}"),
-        ("budget, steps", f"{GOYAL['epochs'] * theirs_steps:,}", f"{epochs * ours_steps:,}"),
-        ("warm-up, steps", f"{GOYAL['warmup_epochs'] * theirs_steps:,}", f"{warmup_steps}"),
-        ("optimiser", "SGD, momentum 0.9, weight decay 1e-4", "plain SGD"),
-        ("normalisation", "BatchNorm", "none"),
-        ("learning rate", "0.1 x batch/256 (3.2 at 8k)", "tuned per batch"),
+        ("budget, epochs", f"{GOYAL['epochs']}", f"{epochs}", f"{warmup_epochs}"),
+        ("budget, steps", f"{GOYAL['epochs'] * theirs:,}", f"{tuning_steps:,}",
+         f"{warmup_total:,}"),
+        ("warm-up, steps", f"{GOYAL['warmup_epochs'] * theirs:,}", "none", f"{warmup_steps}"),
+        ("warm-up, rate", f"{base_lr} to {scaled_lr:g}, linear", "-", "0 to the rate, linear"),
+        ("optimiser", "SGD, momentum 0.9, weight decay 1e-4", "plain SGD", "plain SGD"),
+        ("normalisation", "BatchNorm", "none", "none"),
+        ("learning rate", f"{base_lr} x batch/{GOYAL['base_batch']}", "tuned per batch",
+         ", ".join(f"{lr:g}" for lr in warmup_lrs)),
     ]
-    return pd.DataFrame(rows, columns=["", "Goyal et al. (ResNet-50, ImageNet)", "here (MLP)"])
+    columns = ["", "Goyal et al. (ResNet-50, ImageNet)", "here: tuning, largest batch",
+               "here: warm-up runs"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def format_goyal(table: pd.DataFrame) -> str:

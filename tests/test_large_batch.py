@@ -154,9 +154,46 @@ def test_the_tables_format():
 def test_goyal_comparison_counts_their_steps():
     from helpers.large_batch import format_goyal, goyal_comparison
 
-    table = goyal_comparison(7415, 2048, 3, 20).set_index("")
-    theirs = table.columns[0]
+    table = goyal_comparison(7415, 2048, 3, 512, 4, 20, (0.2, 0.4)).set_index("")
+    theirs, largest, warm = table.columns
     assert table.loc["budget, steps", theirs] == "14,040"  # 90 x 156
     assert table.loc["warm-up, steps", theirs] == "780"
-    assert table.loc["budget, steps", "here (MLP)"] == "9"
+    assert table.loc["warm-up, rate", theirs] == "0.1 to 3.2, linear"  # 0.1 x 8192 / 256
+    assert table.loc["budget, steps", largest] == "9"
+    # the warm-up runs: 4 epochs of 14 steps at batch 512, 20 of them warming up
+    assert (table.loc["budget, steps", warm], table.loc["warm-up, steps", warm]) == ("56", "20")
     assert "27.6%" in format_goyal(table.reset_index())
+
+
+def test_the_noise_scale_pools_the_seeds_before_dividing():
+    from helpers.large_batch import format_noise_scale, noise_scale_during_training
+    from helpers.training import TrainConfig
+
+    config = TrainConfig(global_batch=50, lr=0.05, data="standin")
+    table = noise_scale_during_training(
+        tiny_data(), [0, 1], config, seeds=(0, 1, 2), local_batch=10, workers=3, n_batches=5,
+        threads=1,
+    )
+    assert table["epochs"].tolist() == [0, 1] and (table["seeds"] == 3).all()
+    assert (table["big_batch"] == 30).all()
+    for row in table.itertuples():
+        # the pooled ratio is a weighted mean of the seeds' ratios, so it lies between them,
+        # and the seeds (weights, data order, batches) do not all agree
+        assert row.b_simple == pytest.approx(row.trace / row.grad_sq)
+        assert row.b_simple_low < row.b_simple_high
+        assert row.b_simple_low <= row.b_simple <= row.b_simple_high
+    assert "seeds' B_simple: from" in format_noise_scale(table)
+
+
+def test_the_noise_scale_interval_inverts_the_predicted_growth():
+    from helpers.large_batch import noise_scale_interval
+
+    def growth(b_noise: float) -> float:
+        return float(predicted_best_lr(2048, 1, b_noise) / predicted_best_lr(64, 1, b_noise))
+
+    low, high = noise_scale_interval(2.0, 64, 2048, resolution=2)
+    assert low == 0  # a growth of 1 or less: no noise scale is too small
+    assert growth(high) == pytest.approx(4.0)
+    low, high = noise_scale_interval(8.0, 64, 2048, resolution=2)
+    assert (growth(low), growth(high)) == pytest.approx((4.0, 16.0))
+    assert noise_scale_interval(20.0, 64, 2048, resolution=2)[1] == math.inf  # 40 > 32
