@@ -36,6 +36,18 @@ def test_every_solution_ran_and_passed_its_asserts_in_the_full_edition(path: Pat
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_solution_is_collapsed_and_graded_by_a_check_cell_that_asserts(path: Path):
+    """The check cell stays in the student edition: without one, a submission could only be
+    checked for running without error (COURSE.md, "Graded assignments")."""
+    nb = read(path)
+    for ex in exercises(nb):
+        for i in ex.solution:  # collapsed, so that a reader meets the question before the answer
+            assert nb.cells[i].metadata.get("jupyter", {}).get("source_hidden"), f"cell {i}"
+        assert ex.check is not None, f"cell {ex.solution[0]}: the exercise has no `# Check` cell"
+        assert "assert " in nb.cells[ex.check].source, f"cell {ex.check}: a check that asserts"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_student_edition_holds_no_solution_and_no_output(path: Path):
     nb = read(path)
     student = student_edition(nb)
