@@ -49,6 +49,7 @@ from helpers.training import (
     build_model,
     epochs_for_min_steps,
     run_trainings,
+    torch_threads,
     train_steps,
     validate,
     weights_digest,
@@ -59,7 +60,7 @@ ONE_BUCKET_MB = math.ceil(GRADIENT_BYTES / bk.MIB)  # 7 MiB: every gradient in o
 # Off the clock: DDP rebuilds its buckets after step 1; PowerSGD compresses from step 2 on and
 # allocates its factors and error buffers then.
 UNTIMED_STEPS = 3
-TIMED_STEPS = 5
+TIMED_STEPS = 4
 REPEATS = 3
 BATCHES = (256, 2048)
 GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
@@ -88,9 +89,8 @@ class Variant:
 
 
 BUCKET_VARIANTS = (
-    Variant("default buckets"),
-    Variant("bucket_cap_mb=0.001", bucket_cap_mb=0.001),
-    Variant("bucket_cap_mb=1", bucket_cap_mb=1),
+    Variant("default (2 buckets)"),
+    Variant("bucket_cap_mb=0.001 (5 buckets)", bucket_cap_mb=0.001),
     Variant(f"one bucket ({ONE_BUCKET_MB} MiB)", bucket_cap_mb=ONE_BUCKET_MB),
 )
 # every compression on one bucket: PowerSGD needs it on Gloo, and the others are compared alike
@@ -421,6 +421,126 @@ def make_mlp_stack(widths: Sequence[int]) -> nn.Sequential:
     for a, b in zip(widths, widths[1:], strict=False):
         parts += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*parts[:-1])
+
+
+def scaled_compute(compute: ComputeModel, model: nn.Module) -> ComputeModel:
+    """The reference MLP's ``c0 + c1 B`` carried over to another MLP: ``c1`` by the ratio of
+    multiply-adds per sample, ``c0`` (the optimizer's update, mostly) by the ratio of
+    parameters. A first guess, for matrix products as efficient as the reference's."""
+    ref = make_mlp()
+    work = sum(bk.forward_and_backward_work(mlp_layers(model)))
+    ref_work = sum(bk.forward_and_backward_work(mlp_layers(ref)))
+    params = sum(p.numel() for p in model.parameters())
+    ref_params = sum(p.numel() for p in ref.parameters())
+    return ComputeModel(compute.c0 * params / ref_params, compute.c1 * work / ref_work)
+
+
+def overlap_table(
+    compute: ComputeModel,
+    comm: AlphaBeta,
+    depths: Sequence[int],
+    global_batch: int,
+    world: int = 2,
+    width: int = 1024,
+) -> pd.DataFrame:
+    """The model's step for MLPs of ``depths`` square layers of ``width``: gradient bytes,
+    DDP's default buckets, the all-reduce time in all, how much of it the default buckets leave
+    exposed after backward, and the speed-up without overlap (one bucket) and with it."""
+    rows = []
+    for depth in depths:
+        model = deep_mlp(depth, width)
+        fit = scaled_compute(compute, model)
+        plan = bk.bucket_plan(model)
+        one = fit.predict(global_batch)
+        _, pipe = _pipeline_of(fit, comm, global_batch, world, model)
+        rows.append(
+            {
+                "layers": depth,
+                "gradient_MB": gradient_bytes(model) / 1e6,
+                "buckets": len(plan),
+                "compute_ms": (fit.predict(global_batch / world)) * 1e3,
+                "allreduce_ms": pipe.total * 1e3,
+                "exposed_ms": pipe.exposed * 1e3,
+                "speedup_no_overlap": one
+                / model_step_seconds(fit, comm, global_batch, world, model, overlap=False),
+                "speedup_overlap": one / model_step_seconds(fit, comm, global_batch, world, model),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _pipeline_of(compute, comm, global_batch, world, model) -> tuple[float, bk.Pipeline]:
+    per_sample = compute.c1 * global_batch / world
+    fwd_work, bwd_work = bk.forward_and_backward_work(mlp_layers(model))
+    backward = per_sample * bwd_work / (fwd_work + bwd_work)
+    plan = bk.bucket_plan(model)
+    ready = bk.bucket_ready_fractions(
+        plan, layer_of_parameters(model), bk.backward_shares(mlp_layers(model))
+    )
+    return bk.overlap_step_seconds(
+        per_sample - backward, backward, compute.c0, ready, [b.nbytes for b in plan], comm
+    )
+
+
+# --------------------------------------------------------------------------- memory and compression
+
+
+def activation_bytes(batch: int, model: nn.Module | None = None) -> int:
+    """Bytes of the activations one worker keeps for backward on ``batch`` samples: the input
+    and every layer's output (float32). Accumulating over ``k`` micro-batches needs those of one
+    micro-batch only, since each micro-batch's backward frees them before the next."""
+    model = model or make_mlp()
+    layers = mlp_layers(model)
+    per_sample = layers[0][0] + sum(2 * n_out for _, n_out in layers[:-1]) + layers[-1][1]
+    return 4 * batch * per_sample
+
+
+def compression_seconds(
+    hook: CommHook, rank: int = 1, repeats: int = 5, model: nn.Module | None = None
+) -> float:
+    """One worker's compute per step for a hook's compression, measured in this process on
+    one thread (median of ``repeats``): the casts of FP16/BF16, or PowerSGD's products
+    ``P = M Q``, ``Q = M^T P`` and ``M ~ P Q^T`` with its orthogonalisation and error feedback,
+    for every gradient matrix it compresses. Zero for ``ALLREDUCE``."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
+
+    if hook is CommHook.ALLREDUCE:
+        return 0.0
+    model = model or make_mlp()
+    grads = [torch.randn(p.shape) for p in model.parameters()]
+    flat = torch.cat([g.ravel() for g in grads])
+    error = torch.zeros_like(flat)
+
+    def powersgd() -> None:
+        flat.add_(error)  # error feedback in
+        copy = flat.clone()
+        for g in grads:
+            if g.dim() < 2:
+                continue
+            m = g.view(g.shape[0], -1)
+            r = min(*m.shape, rank)
+            if m.numel() <= (sum(m.shape) * r) * 2:
+                continue
+            q = torch.randn(1, m.shape[1], r)
+            p = torch.bmm(m.unsqueeze(0), q)
+            _orthogonalize(p)
+            q = torch.bmm(m.t().unsqueeze(0), p)
+            m.copy_(torch.bmm(p, q.transpose(1, 2))[0])
+        torch.sub(copy, flat, out=error)  # error feedback out
+
+    def cast() -> None:
+        dtype = torch.float16 if hook is CommHook.FP16 else torch.bfloat16
+        flat.copy_(flat.to(dtype).div_(2))
+
+    work = powersgd if hook is CommHook.POWER_SGD else cast
+    with torch_threads(1):
+        work()  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 # --------------------------------------------------------------------------- accuracy

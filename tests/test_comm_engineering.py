@@ -75,9 +75,7 @@ def test_accumulation_and_powersgd_on_one_bucket_train_with_identical_replicas()
     """The fix for PowerSGD on Gloo, one bucket, trains (on 2 workers, replicas identical), and
     really compresses; accumulating 4 micro-batches, with no_sync() or without, is the training
     without accumulation, to rounding."""
-    base = TrainConfig(
-        global_batch=512, epochs=1, max_steps=8, data="standin", return_weights=True
-    )
+    base = TrainConfig(global_batch=512, epochs=1, max_steps=8, data="standin", return_weights=True)
     configs = [
         base,
         TrainConfig(**{**base.__dict__, "accumulation_steps": 4}),
