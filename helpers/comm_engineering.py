@@ -560,11 +560,15 @@ def train_hooks(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--data", default=None)
+    parser.add_argument("--repeats", type=int, default=7, help="timing rounds (default 7)")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds of the accuracy runs"
+    )
+    parser.add_argument("--epochs", type=int, default=5, help="epochs of each accuracy run")
+    parser.add_argument("--data", default=None, help="auto | uci | recordings | standin")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or args.epochs < 1:
+        parser.error("--repeats and --epochs must be at least 1")
     print(f"load average {os.getloadavg()}")
     timed, one = time_variants(
         BUCKET_VARIANTS + HOOK_VARIANTS + ACCUMULATION_VARIANTS,

@@ -262,14 +262,15 @@ def train_steps(
             if config.record_loss:
                 losses[step] = loss
             step += 1
-        if step == last and i < steps - 1:
-            break  # stopped mid-epoch by max_steps: no evaluation of a partial epoch
-        if evaluate is not None:
-            started = time.perf_counter()
-            accuracies.append(evaluate(model))
-            eval_seconds += time.perf_counter() - started
-        if config.show_progress and rank == 0:
-            print(f"  epoch {epoch + 1}/{config.epochs}", end="\r", file=sys.stderr, flush=True)
+        else:  # a whole epoch: evaluate after it
+            if evaluate is not None:
+                started = time.perf_counter()
+                accuracies.append(evaluate(model))
+                eval_seconds += time.perf_counter() - started
+            if config.show_progress and rank == 0:
+                print(f"  epoch {epoch + 1}/{config.epochs}", end="\r", file=sys.stderr, flush=True)
+            continue
+        break  # stopped by max_steps: no evaluation of a partial epoch
     return Loop(losses, accuracies, eval_seconds, clock_start)
 
 
@@ -425,6 +426,8 @@ def run_trainings(
         )
     if not configs:
         raise ValueError("give at least one TrainConfig")
+    if len({c.data for c in configs}) > 1:
+        raise ValueError("the trainings of one launch must use the same data source")
     data = load_har(configs[0].data)  # download or generate and cache once, here, not in N workers
     for config in configs:
         validate(config, world, len(data.X_train))

@@ -4,6 +4,7 @@ no_sync(), the hooks Gloo refuses and the configuration of PowerSGD that works o
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from helpers.launch import launch
 from helpers.model import gradient_bytes, make_mlp
 from helpers.replicas import SAME_TRAINING_ATOL, gap_to_reference
 from helpers.scaling import ComputeModel
-from helpers.training import TrainConfig, run_trainings, validate
+from helpers.training import TrainConfig, run_trainings, train_in_process, validate
 
 CAPS = [None, 0.001, 1, ONE_BUCKET_MB]
 STEPS = 5
@@ -78,11 +79,9 @@ def test_accumulation_and_powersgd_on_one_bucket_train_with_identical_replicas()
     base = TrainConfig(global_batch=512, epochs=1, max_steps=8, data="standin", return_weights=True)
     configs = [
         base,
-        TrainConfig(**{**base.__dict__, "accumulation_steps": 4}),
-        TrainConfig(**{**base.__dict__, "accumulation_steps": 4, "sync_every_micro_batch": True}),
-        TrainConfig(
-            **{**base.__dict__, "comm_hook": CommHook.POWER_SGD, "bucket_cap_mb": ONE_BUCKET_MB}
-        ),
+        replace(base, accumulation_steps=4),
+        replace(base, accumulation_steps=4, sync_every_micro_batch=True),
+        replace(base, comm_hook=CommHook.POWER_SGD, bucket_cap_mb=ONE_BUCKET_MB),
     ]
     plain, no_sync, every, powersgd = run_trainings(2, configs)
     assert all(r.replicas_identical for r in (plain, no_sync, every, powersgd))
@@ -108,3 +107,12 @@ def test_pipeline_hides_what_backward_covers():
     with_overlap = model_step_seconds(compute, comm, 2048, 2)
     one_bucket = model_step_seconds(compute, comm, 2048, 2, bucket_cap_mb=ONE_BUCKET_MB)
     assert with_overlap < one_bucket < no  # one bucket: no overlap, but one latency fewer
+
+
+def test_max_steps_stops_mid_epoch_without_evaluating_a_partial_epoch():
+    one_step_epochs = TrainConfig(global_batch=4096, epochs=5, max_steps=3, data="standin")
+    run = train_in_process(replace(one_step_epochs, record_accuracy=True, record_loss=True), 1)
+    assert run.steps == 3 and len(run.losses) == 3 and len(run.epoch_accuracies) == 3
+    mid_epoch = TrainConfig(global_batch=2048, epochs=2, max_steps=2, data="standin")
+    run = train_in_process(replace(mid_epoch, record_accuracy=True), 1)
+    assert run.steps == 2 and run.epoch_accuracies == []
