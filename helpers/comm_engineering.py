@@ -499,7 +499,8 @@ def compression_seconds(
     hook: CommHook, rank: int = 1, repeats: int = 5, model: nn.Module | None = None
 ) -> float:
     """One worker's compute per step for a hook's compression, measured in this process on
-    one thread (median of ``repeats``): the casts of FP16/BF16, or PowerSGD's products
+    one thread (the fastest of ``repeats``: the compute itself, without what other programs took
+    from it): the casts of FP16/BF16, or PowerSGD's products
     ``P = M Q``, ``Q = M^T P`` and ``M ~ P Q^T`` with its orthogonalisation and error feedback,
     for every gradient matrix it compresses. Zero for ``ALLREDUCE``."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
@@ -540,7 +541,7 @@ def compression_seconds(
             start = time.perf_counter()
             work()
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 # --------------------------------------------------------------------------- accuracy
