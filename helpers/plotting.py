@@ -236,3 +236,42 @@ def plot_warmup(grid: pd.DataFrame, banner: str) -> Figure:
     fig.suptitle(f"Warm-up against none\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# --------------------------------------------------------------------------- notebook 06: overlap
+
+
+def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
+    """One training step on one worker per panel: a row for compute (forward, each layer's
+    backward, the optimizer) and one for communication (each bucket's all-reduce), in
+    milliseconds from the step's start. Tables from ``comm_engineering.timeline_table``."""
+    fig, axes = plt.subplots(
+        len(timelines), 1, figsize=(9.0, 1.9 * len(timelines) + 0.6), squeeze=False
+    )
+    end = max(t["end_ms"].max() for t in timelines.values())
+    for ax, (name, table) in zip(axes[:, 0], timelines.items(), strict=True):
+        for y, row in enumerate(("communication", "compute")):
+            parts = table[table["row"] == row].reset_index(drop=True)
+            for k, part in parts.iterrows():
+                colour = f"C{k % 10}" if row == "compute" else ("C3" if k % 2 else "C1")
+                width = part["end_ms"] - part["start_ms"]
+                ax.broken_barh([(part["start_ms"], width)], (y - 0.35, 0.7), color=colour)
+                if width > 0.06 * end:
+                    label = part["what"].replace("backward ", "bwd ")
+                    ax.text(
+                        part["start_ms"] + width / 2,
+                        y,
+                        label,
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white",
+                    )
+        ax.set_yticks([0, 1], ["communication", "compute"])
+        ax.set_xlim(0, end * 1.02)
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("milliseconds from the start of the step (rank 0)")
+    fig.suptitle(f"One training step: compute and communication\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig

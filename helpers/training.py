@@ -16,8 +16,8 @@ import hashlib
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal, NamedTuple
 
@@ -28,9 +28,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers import comm_hooks
+from helpers.buckets import bucket_plan
+from helpers.comm_hooks import CommHook
 from helpers.data import HARData, load_har
 from helpers.launch import WorldPlan, available_cores, launch
-from helpers.model import make_mlp
+from helpers.model import gradient_bytes, make_mlp
 from helpers.schedules import Constant, Schedule
 
 Sync = Literal["ddp", "allreduce", "none"]
@@ -60,6 +63,16 @@ class TrainConfig:
     record_accuracy: bool = False  # test accuracy after every epoch (evaluation time not counted)
     return_weights: bool = False  # send every rank's final weights back (6.5 MB each)
     show_progress: bool = False  # rank 0 writes "epoch e/E" to the terminal (not in notebooks)
+    # DDP's communication (notebook 06): the bucket cap in MiB (None: DDP's default, 25 MiB after
+    # a first bucket of 1 MiB), the hook that all-reduces each bucket, PowerSGD's rank
+    bucket_cap_mb: float | None = None
+    comm_hook: CommHook = CommHook.ALLREDUCE
+    powersgd_rank: int = 1
+    # gradient accumulation: each worker's share of a global batch in this many micro-batches,
+    # their gradients summed locally (DDP's no_sync()) and all-reduced once, after the last
+    accumulation_steps: int = 1
+    sync_every_micro_batch: bool = False  # the waste: no no_sync(), an all-reduce per micro-batch
+    max_steps: int | None = None  # stop after this many steps (timings), even mid-epoch
 
 
 def local_slice(global_batch_indices: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -152,12 +165,50 @@ def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
         raise ValueError(
             f"global batch {config.global_batch} is larger than the {n_samples} training samples"
         )
-    steps = config.epochs * steps_per_epoch(n_samples, config.global_batch)
+    steps = total_steps(config, n_samples)
     if not 0 <= config.untimed_steps < steps:
         raise ValueError(
             f"untimed_steps must be from 0 to {steps - 1} (the training takes {steps} steps), "
             f"got {config.untimed_steps}"
         )
+    local = config.global_batch // world_size
+    if config.accumulation_steps < 1 or local % config.accumulation_steps:
+        raise ValueError(
+            f"each worker's {local} samples per step cannot be split into "
+            f"{config.accumulation_steps} equal micro-batches: choose accumulation_steps that "
+            "divides global_batch / workers"
+        )
+    validate_communication(config)
+
+
+def total_steps(config: TrainConfig, n_samples: int) -> int:
+    """Steps the training takes: its epochs' full global batches, at most ``max_steps``."""
+    steps = config.epochs * steps_per_epoch(n_samples, config.global_batch)
+    return steps if config.max_steps is None else min(steps, config.max_steps)
+
+
+def validate_communication(config: TrainConfig) -> None:
+    """Refuse hooks that cannot run here (``comm_hooks.check_hook``) and options that only DDP
+    has, before any worker starts."""
+    if config.sync != "ddp" and (
+        config.comm_hook is not CommHook.ALLREDUCE or config.bucket_cap_mb is not None
+    ):
+        raise ValueError(
+            f"comm_hook and bucket_cap_mb are DDP's options: use sync='ddp', not {config.sync!r}"
+        )
+    if not isinstance(config.comm_hook, CommHook):
+        raise ValueError(f"comm_hook must be a CommHook, got {config.comm_hook!r}")
+    if config.bucket_cap_mb is not None and not config.bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb must be positive (or None), got {config.bucket_cap_mb}")
+    if config.powersgd_rank < 1:
+        raise ValueError(f"powersgd_rank must be at least 1, got {config.powersgd_rank}")
+    with torch.random.fork_rng(devices=[]):  # leaves the caller's random state as it was
+        model = make_mlp()
+    comm_hooks.check_hook(
+        config.comm_hook,
+        len(bucket_plan(model, config.bucket_cap_mb)),
+        gradient_bytes=gradient_bytes(model),
+    )
 
 
 def _average_gradients(model: nn.Module, world_size: int) -> None:
@@ -189,33 +240,57 @@ def train_steps(
     minus ``clock_start`` minus ``eval_seconds``."""
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     steps = steps_per_epoch(len(X), config.global_batch)
-    losses = torch.zeros(config.epochs * steps if config.record_loss else 0)
+    last = total_steps(config, len(X))
+    losses = torch.zeros(last if config.record_loss else 0)
     accuracies, eval_seconds, step, clock_start = [], 0.0, 0, time.perf_counter()
     for epoch in range(config.epochs):
         order = worker_order(len(X), epoch, rank, config.order_per_rank)
         for i in range(steps):
+            if step == last:
+                break
             if step == config.untimed_steps > 0:
                 clock_start, eval_seconds = time.perf_counter(), 0.0
             batch = order[i * config.global_batch : (i + 1) * config.global_batch]
             idx = local_slice(batch, rank, world_size)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(config, step, steps)
-            loss = F.cross_entropy(model(X[idx]), y[idx])
             optimizer.zero_grad()
-            loss.backward()  # under DDP, this also averages the gradients across workers
+            loss = forward_backward(model, X, y, idx, config)  # under DDP, also averages
             if config.sync == "allreduce" and world_size > 1:
                 _average_gradients(model, world_size)
             optimizer.step()
             if config.record_loss:
-                losses[step] = loss.detach()
+                losses[step] = loss
             step += 1
-        if evaluate is not None:
-            started = time.perf_counter()
-            accuracies.append(evaluate(model))
-            eval_seconds += time.perf_counter() - started
-        if config.show_progress and rank == 0:
-            print(f"  epoch {epoch + 1}/{config.epochs}", end="\r", file=sys.stderr, flush=True)
+        else:  # a whole epoch: evaluate after it
+            if evaluate is not None:
+                started = time.perf_counter()
+                accuracies.append(evaluate(model))
+                eval_seconds += time.perf_counter() - started
+            if config.show_progress and rank == 0:
+                print(f"  epoch {epoch + 1}/{config.epochs}", end="\r", file=sys.stderr, flush=True)
+            continue
+        break  # stopped by max_steps: no evaluation of a partial epoch
     return Loop(losses, accuracies, eval_seconds, clock_start)
+
+
+def forward_backward(
+    model: nn.Module, X: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, config: TrainConfig
+) -> torch.Tensor:
+    """The gradient of the mean loss over this rank's samples ``idx``, in
+    ``config.accumulation_steps`` equal micro-batches: each micro-batch's mean loss divided by
+    their number, so the summed gradients are the whole slice's. Under DDP every micro-batch but
+    the last runs in ``no_sync()`` (no all-reduce), unless ``sync_every_micro_batch``. Returns the
+    slice's mean loss."""
+    k = config.accumulation_steps
+    total = torch.zeros(())
+    for j, micro in enumerate(idx.view(k, -1)):
+        quiet = isinstance(model, DDP) and j < k - 1 and not config.sync_every_micro_batch
+        with model.no_sync() if quiet else nullcontext():
+            loss = F.cross_entropy(model(X[micro]), y[micro]) / k
+            loss.backward()
+        total += loss.detach()
+    return total
 
 
 def test_accuracy_of(data: HARData) -> Callable[[nn.Module], float]:
@@ -235,17 +310,39 @@ def _report(net: nn.Module, data: HARData, config: TrainConfig, **fields) -> dic
     }
 
 
-def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
-    """One worker's share of the training. Runs inside a process group (``helpers.launch``)."""
-    data = load_har(config.data, download=False)
-    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
-    validate(config, world_size, len(X))
-
+def build_model(config: TrainConfig, rank: int = 0, comm_log: list | None = None) -> nn.Module:
+    """This rank's MLP from the configured seed; under DDP wrapped with the configured bucket cap
+    and communication hook (bucket timings appended to ``comm_log`` if given)."""
     torch.manual_seed(config.seed + (rank if config.seed_per_rank else 0))
     model = make_mlp()
     if config.sync == "ddp":
-        model = DDP(model)  # broadcasts rank 0's weights; averages gradients in backward()
+        # broadcasts rank 0's weights; averages gradients in backward()
+        model = DDP(model, bucket_cap_mb=config.bucket_cap_mb)
+        comm_hooks.register(model, config.comm_hook, config.powersgd_rank, comm_log)
+    return model
 
+
+def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
+    """One worker's share of the training. Runs inside a process group (``helpers.launch``)."""
+    return train_worker_many(rank, world_size, [config])[0]
+
+
+def train_worker_many(rank: int, world_size: int, configs: Sequence[TrainConfig]) -> list[dict]:
+    """One worker's share of several trainings, one after the other, in one process group: the
+    start-up (processes, imports, data) is paid once. Every config must name the same data."""
+    if len({c.data for c in configs}) > 1:
+        raise ValueError("the trainings of one launch must use the same data source")
+    data = load_har(configs[0].data, download=False)
+    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
+    for config in configs:
+        validate(config, world_size, len(X))
+    return [_train_one(rank, world_size, config, data, X, y) for config in configs]
+
+
+def _train_one(
+    rank: int, world_size: int, config: TrainConfig, data: HARData, X: torch.Tensor, y: torch.Tensor
+) -> dict:
+    model = build_model(config, rank)
     dist.barrier()  # start the clock when every worker is ready
     ready_at = time.time()
     evaluate = test_accuracy_of(data) if config.record_accuracy else None
@@ -264,7 +361,7 @@ def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
         rank=rank,
         seconds=seconds,
         ready_at=ready_at,
-        steps=steps_per_epoch(len(X), config.global_batch) * config.epochs,
+        steps=total_steps(config, len(X)),
         losses=losses.tolist(),
         epoch_accuracies=epoch_accuracies,
     )
@@ -309,19 +406,59 @@ def run_training(
 ) -> RunResult:
     """Train across ``world`` worker processes and summarise what they report. ``world`` may
     be a ``WorldPlan`` (from ``plan_world_sizes``), which brings its threads and flags along."""
+    return run_trainings(world, [config], threads_per_worker, oversubscribed, **launch_options)[0]
+
+
+def run_trainings(
+    world: int | WorldPlan,
+    configs: Sequence[TrainConfig],
+    threads_per_worker: int = 1,
+    oversubscribed: bool = False,
+    **launch_options,
+) -> list[RunResult]:
+    """Several trainings on the same ``world`` workers, one after the other, in one launch: what
+    ``run_training`` does for each, with the workers' start-up paid once."""
     if isinstance(world, WorldPlan):
         world, threads_per_worker, oversubscribed = (
             world.world_size,
             world.threads_per_worker,
             world.oversubscribed,
         )
-    data = load_har(config.data)  # download or generate and cache once, here, not in N workers
-    validate(config, world, len(data.X_train))
-    config = replace(config, data=data.source)  # workers load exactly what was resolved here
+    if not configs:
+        raise ValueError("give at least one TrainConfig")
+    if len({c.data for c in configs}) > 1:
+        raise ValueError("the trainings of one launch must use the same data source")
+    data = load_har(configs[0].data)  # download or generate and cache once, here, not in N workers
+    for config in configs:
+        validate(config, world, len(data.X_train))
+    configs = [replace(c, data=data.source) for c in configs]  # workers load what was resolved
     asked_at = time.time()
-    reports = launch(
-        train_worker, world, config, threads_per_worker=threads_per_worker, **launch_options
+    per_rank = launch(
+        train_worker_many, world, configs, threads_per_worker=threads_per_worker, **launch_options
     )
+    return [
+        _result(
+            [reports[i] for reports in per_rank],
+            config,
+            world,
+            threads_per_worker,
+            oversubscribed,
+            asked_at,
+            data.source,
+        )
+        for i, config in enumerate(configs)
+    ]
+
+
+def _result(
+    reports: list[dict],
+    config: TrainConfig,
+    world: int,
+    threads_per_worker: int,
+    oversubscribed: bool,
+    asked_at: float,
+    data_source: str,
+) -> RunResult:
     return RunResult(
         world=world,
         global_batch=config.global_batch,
@@ -334,7 +471,7 @@ def run_training(
         checksums=[r["checksum"] for r in reports],
         accuracies=[r["accuracy"] for r in reports],
         steps=reports[0]["steps"],
-        data_source=data.source,
+        data_source=data_source,
         oversubscribed=oversubscribed,
         losses=reports[0]["losses"],
         weights=[r["weights"] for r in reports],
@@ -367,7 +504,7 @@ def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = 
         replicas_identical=True,
         checksums=[r["checksum"]],
         accuracies=[r["accuracy"]],
-        steps=steps_per_epoch(len(X), config.global_batch) * config.epochs,
+        steps=total_steps(config, len(X)),
         data_source=data.source,
         losses=losses.tolist(),
         weights=[r["weights"]],

@@ -137,3 +137,41 @@ def stubborn_sleeper(rank: int, world: int, pid_dir: str, seconds: float) -> int
 
     signal.signal(signal.SIGTERM, noted)
     return sleep_and_report_pid(rank, world, pid_dir, seconds)
+
+
+def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int) -> dict:
+    """For notebook 06's tests: DDP's own record of its buckets for each bucket cap; the bucket
+    all-reduces per run with and without no_sync(); what PowerSGD says it compressed."""
+    from helpers.comm_hooks import CommHook, register
+    from helpers.model import make_mlp
+    from helpers.training import TrainConfig, build_model, forward_backward
+
+    X = torch.randn(64, 561, generator=torch.Generator().manual_seed(rank))
+    y = torch.randint(0, 6, (64,), generator=torch.Generator().manual_seed(rank))
+    idx = torch.arange(64)
+
+    def train(model, config, n=steps):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(n):
+            opt.zero_grad()
+            forward_backward(model, X, y, idx, config)
+            opt.step()
+
+    rebuilt = {}
+    for cap in caps:
+        config = TrainConfig(bucket_cap_mb=cap)
+        model = build_model(config, rank)
+        train(model, config)  # DDP rebuilds its buckets after the first step, records later
+        rebuilt[str(cap)] = model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+    calls = {}
+    for every in (False, True):
+        config = TrainConfig(accumulation_steps=4, sync_every_micro_batch=every)
+        log: list = []
+        model = build_model(config, rank, comm_log=log)
+        train(model, config)
+        calls[every] = len(log)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(make_mlp(), bucket_cap_mb=7)
+    state = register(model, CommHook.POWER_SGD, rank_r)
+    train(model, TrainConfig())
+    return {"rebuilt": rebuilt, "calls": calls, "powersgd": list(state.compression_stats())}
