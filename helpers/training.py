@@ -19,21 +19,32 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.data import HARData, load_har
 from helpers.launch import WorldPlan, available_cores, launch
-from helpers.model import make_mlp
+from helpers.model import HIDDEN, make_mlp
 from helpers.schedules import Constant, Schedule
 
-Sync = Literal["ddp", "allreduce", "none"]
+# How the workers keep in step. The two that wrap the model: DDP (every worker holds the whole
+# model and all-reduces the gradients) and FSDP2 (``fully_shard``: every worker holds a 1/N shard
+# of the parameters, gradients and optimizer state; notebook 07). The other two are notebook 03's
+# mistakes made switchable.
+Sync = Literal["ddp", "fsdp2", "allreduce", "none"]
+DDP_WRAP: Sync = "ddp"
+FSDP2: Sync = "fsdp2"
+WRAPPINGS: tuple[Sync, ...] = (DDP_WRAP, FSDP2)
+Optimizer = Literal["sgd", "momentum", "adam"]
+MOMENTUM = 0.9  # SGD's momentum when optimizer="momentum"
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,10 @@ class TrainConfig:
     # caller, so that every worker loads the same data)
     data: str | None = None
     # The common mistakes, made switchable so that a notebook can show what they do:
-    sync: Sync = "ddp"  # ddp: DDP; allreduce: average gradients by hand, no initial broadcast;
+    sync: Sync = "ddp"  # ddp: DDP; fsdp2: fully_shard (FSDP2), every Linear its own unit;
+    #                     allreduce: average gradients by hand, no initial broadcast;
     #                     none: no communication at all, every worker trains alone
+    reshard_after_forward: bool = True  # FSDP2 only: free the gathered parameters after forward
     seed_per_rank: bool = False  # each worker seeds torch with seed + rank
     order_per_rank: bool = False  # each worker shuffles with its own seed
     # the first steps run off the clock: DDP builds its buckets and allocates at the first one,
@@ -60,6 +73,10 @@ class TrainConfig:
     record_accuracy: bool = False  # test accuracy after every epoch (evaluation time not counted)
     return_weights: bool = False  # send every rank's final weights back (6.5 MB each)
     show_progress: bool = False  # rank 0 writes "epoch e/E" to the terminal (not in notebooks)
+    optimizer: Optimizer = "sgd"  # sgd: no state; momentum: one buffer per weight; adam: two
+    hidden: int = HIDDEN  # the MLP's width ...
+    hidden_layers: int = 2  # ... and depth (notebook 07 widens it until it outgrows a worker)
+    max_steps: int | None = None  # stop after this many steps (None: every step of every epoch)
 
 
 def local_slice(global_batch_indices: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -134,6 +151,66 @@ def accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
     return correct
 
 
+def total_steps(config: TrainConfig, n_samples: int) -> int:
+    """Steps the training takes: every full global batch of every epoch, or ``max_steps``."""
+    steps = config.epochs * steps_per_epoch(n_samples, config.global_batch)
+    return steps if config.max_steps is None else min(steps, config.max_steps)
+
+
+def make_model(config: TrainConfig) -> nn.Sequential:
+    """The MLP of the configured width and depth (the reference MLP by default)."""
+    return make_mlp(hidden=config.hidden, hidden_layers=config.hidden_layers)
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The configured optimizer over the model's parameters, whole or sharded: create it after
+    wrapping, since FSDP2 replaces every parameter by its shard."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config.lr)
+    if config.optimizer == "momentum":
+        return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=MOMENTUM)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config.lr)
+    raise ValueError(f"optimizer must be 'sgd', 'momentum' or 'adam', got {config.optimizer!r}")
+
+
+def wrap_model(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """Wrap a freshly built model as ``config.sync`` asks. Inside a process group.
+
+    DDP broadcasts rank 0's weights and all-reduces the gradients in ``backward()``. FSDP2 keeps
+    a ``1/N`` shard of every parameter on each worker: every ``Linear`` becomes one unit whose
+    parameters are all-gathered just before its forward (and again before its backward, unless
+    ``reshard_after_forward=False`` keeps them), and whose gradients are reduce-scattered, so
+    that each worker ends with the averaged gradient of its own shard only. Every rank must build
+    the same initial weights (the same seed): FSDP2 shards them where they are, it broadcasts
+    nothing."""
+    if config.sync == "ddp":
+        return DDP(model)
+    if config.sync == "fsdp2":
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, reshard_after_forward=config.reshard_after_forward)
+        fully_shard(model, reshard_after_forward=config.reshard_after_forward)
+    return model
+
+
+def unwrapped(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """The plain model with whole weights: DDP's module, or, under FSDP2, a copy assembled from
+    every rank's shards (all-gathers: every rank must call it)."""
+    if isinstance(model, DDP):
+        return model.module
+    if isinstance(model, FSDPModule):
+        whole = {
+            name: value.full_tensor() if isinstance(value, DTensor) else value
+            for name, value in model.state_dict().items()
+        }
+        with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten anyway
+            plain = make_model(config)
+        plain.load_state_dict(whole)
+        return plain
+    return model
+
+
 def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
     """Refuse configurations that cannot split evenly, with a message that says what to change."""
     if world_size < 1:
@@ -152,7 +229,14 @@ def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
         raise ValueError(
             f"global batch {config.global_batch} is larger than the {n_samples} training samples"
         )
-    steps = config.epochs * steps_per_epoch(n_samples, config.global_batch)
+    if config.max_steps is not None and config.max_steps < 1:
+        raise ValueError(f"max_steps must be at least 1 (or None for every step), got "
+                         f"{config.max_steps}")
+    if config.sync not in ("ddp", "fsdp2", "allreduce", "none"):
+        raise ValueError(
+            f"sync must be 'ddp', 'fsdp2', 'allreduce' or 'none', got {config.sync!r}"
+        )
+    steps = total_steps(config, n_samples)
     if not 0 <= config.untimed_steps < steps:
         raise ValueError(
             f"untimed_steps must be from 0 to {steps - 1} (the training takes {steps} steps), "
@@ -173,6 +257,10 @@ class Loop(NamedTuple):
     epoch_accuracies: list[float]  # test accuracy after every epoch (if evaluated)
     eval_seconds: float  # time spent evaluating after the clock started: not training
     clock_start: float  # perf_counter() at the first timed step (after config.untimed_steps)
+    optimizer: torch.optim.Optimizer | None = None  # with its state (Adam's moments, momentum)
+
+
+AfterStep = Callable[[int, nn.Module, torch.optim.Optimizer], None]
 
 
 def train_steps(
@@ -183,17 +271,20 @@ def train_steps(
     rank: int = 0,
     world_size: int = 1,
     evaluate: Callable[[nn.Module], float] | None = None,
+    after_step: AfterStep | None = None,
 ) -> Loop:
     """The training loop, on one screen: every epoch the same order on every worker, every step
-    this rank's slice of the global batch. The training time is ``perf_counter()`` afterwards
-    minus ``clock_start`` minus ``eval_seconds``."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    steps = steps_per_epoch(len(X), config.global_batch)
-    losses = torch.zeros(config.epochs * steps if config.record_loss else 0)
+    this rank's slice of the global batch. The model comes wrapped (DDP, FSDP2) or not; the
+    loop is the same. The training time is ``perf_counter()`` afterwards minus ``clock_start``
+    minus ``eval_seconds``. ``after_step(step, model, optimizer)``, if given, runs after every
+    step (notebook 07 accounts memory there)."""
+    optimizer = make_optimizer(model, config)
+    steps, last = steps_per_epoch(len(X), config.global_batch), total_steps(config, len(X))
+    losses = torch.zeros(last if config.record_loss else 0)
     accuracies, eval_seconds, step, clock_start = [], 0.0, 0, time.perf_counter()
     for epoch in range(config.epochs):
         order = worker_order(len(X), epoch, rank, config.order_per_rank)
-        for i in range(steps):
+        for i in range(min(steps, last - step)):
             if step == config.untimed_steps > 0:
                 clock_start, eval_seconds = time.perf_counter(), 0.0
             batch = order[i * config.global_batch : (i + 1) * config.global_batch]
@@ -202,12 +293,14 @@ def train_steps(
                 group["lr"] = lr_at(config, step, steps)
             loss = F.cross_entropy(model(X[idx]), y[idx])
             optimizer.zero_grad()
-            loss.backward()  # under DDP, this also averages the gradients across workers
+            loss.backward()  # under DDP or FSDP2, this also averages the gradients
             if config.sync == "allreduce" and world_size > 1:
                 _average_gradients(model, world_size)
             optimizer.step()
             if config.record_loss:
                 losses[step] = loss.detach()
+            if after_step is not None:
+                after_step(step, model, optimizer)
             step += 1
         if evaluate is not None:
             started = time.perf_counter()
@@ -215,7 +308,7 @@ def train_steps(
             eval_seconds += time.perf_counter() - started
         if config.show_progress and rank == 0:
             print(f"  epoch {epoch + 1}/{config.epochs}", end="\r", file=sys.stderr, flush=True)
-    return Loop(losses, accuracies, eval_seconds, clock_start)
+    return Loop(losses, accuracies, eval_seconds, clock_start, optimizer)
 
 
 def test_accuracy_of(data: HARData) -> Callable[[nn.Module], float]:
@@ -235,28 +328,46 @@ def _report(net: nn.Module, data: HARData, config: TrainConfig, **fields) -> dic
     }
 
 
-def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
+class Probe(Protocol):
+    """Measurements taken inside a worker around the training (``helpers.sharding``'s
+    ``ShardingProbe``): ``start`` before the model is built, ``after_step`` after every step,
+    ``finish`` after the last, whose dict comes back in ``RunResult.probes``."""
+
+    def start(self, rank: int, world_size: int) -> None: ...
+
+    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        ...
+
+    def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict: ...
+
+
+def train_worker(
+    rank: int, world_size: int, config: TrainConfig, probe: Probe | None = None
+) -> dict:
     """One worker's share of the training. Runs inside a process group (``helpers.launch``)."""
     data = load_har(config.data, download=False)
     X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
     validate(config, world_size, len(X))
+    if probe is not None:
+        probe.start(rank, world_size)
 
     torch.manual_seed(config.seed + (rank if config.seed_per_rank else 0))
-    model = make_mlp()
-    if config.sync == "ddp":
-        model = DDP(model)  # broadcasts rank 0's weights; averages gradients in backward()
+    # DDP broadcasts rank 0's weights and averages gradients in backward(); FSDP2 shards them
+    model = wrap_model(make_model(config), config)
 
     dist.barrier()  # start the clock when every worker is ready
     ready_at = time.time()
     evaluate = test_accuracy_of(data) if config.record_accuracy else None
-    loop = train_steps(model, X, y, config, rank, world_size, evaluate)
+    after_step = probe.after_step if probe is not None else None
+    loop = train_steps(model, X, y, config, rank, world_size, evaluate, after_step)
     seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
     losses, epoch_accuracies = loop.losses, loop.epoch_accuracies
+    probed = probe.finish(model, loop.optimizer) if probe is not None else None
 
     if config.record_loss and config.sync != "none":
         dist.all_reduce(losses)  # equal slices: the global loss is the mean of the local ones
         losses /= world_size
-    net = model.module if isinstance(model, DDP) else model
+    net = unwrapped(model, config)
     return _report(
         net,
         data,
@@ -264,9 +375,10 @@ def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
         rank=rank,
         seconds=seconds,
         ready_at=ready_at,
-        steps=steps_per_epoch(len(X), config.global_batch) * config.epochs,
+        steps=total_steps(config, len(X)),
         losses=losses.tolist(),
         epoch_accuracies=epoch_accuracies,
+        probe=probed,
     )
 
 
@@ -290,6 +402,9 @@ class RunResult:
     losses: list[float] = field(default_factory=list, repr=False)
     weights: list[np.ndarray | None] = field(default_factory=list, repr=False)
     epoch_accuracies: list[float] = field(default_factory=list, repr=False)
+    sync: str = "ddp"
+    reshard_after_forward: bool = True
+    probes: list[dict | None] = field(default_factory=list, repr=False)  # rank by rank
 
     def to_record(self) -> dict:
         """A JSON-friendly dict (without the per-step losses and weights)."""
@@ -297,6 +412,9 @@ class RunResult:
         record.pop("losses")
         record.pop("weights")
         record.pop("epoch_accuracies")
+        record.pop("probes")
+        record.pop("sync")
+        record.pop("reshard_after_forward")
         return record
 
 
@@ -339,6 +457,9 @@ def run_training(
         losses=reports[0]["losses"],
         weights=[r["weights"] for r in reports],
         epoch_accuracies=reports[0]["epoch_accuracies"],
+        sync=config.sync,
+        reshard_after_forward=config.reshard_after_forward,
+        probes=[r["probe"] for r in reports],
     )
 
 
@@ -350,7 +471,7 @@ def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = 
     validate(config, 1, len(X))
     with torch_threads(threads or available_cores()):
         torch.manual_seed(config.seed)
-        model = make_mlp()
+        model = make_model(config)
         evaluate = test_accuracy_of(data) if config.record_accuracy else None
         loop = train_steps(model, X, y, config, evaluate=evaluate)
         seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
@@ -367,7 +488,7 @@ def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = 
         replicas_identical=True,
         checksums=[r["checksum"]],
         accuracies=[r["accuracy"]],
-        steps=steps_per_epoch(len(X), config.global_batch) * config.epochs,
+        steps=total_steps(config, len(X)),
         data_source=data.source,
         losses=losses.tolist(),
         weights=[r["weights"]],
