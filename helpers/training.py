@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol, get_args
 
 import numpy as np
 import torch
@@ -42,8 +42,7 @@ from helpers.schedules import Constant, Schedule
 Sync = Literal["ddp", "fsdp2", "allreduce", "none"]
 DDP_WRAP: Sync = "ddp"
 FSDP2: Sync = "fsdp2"
-WRAPPINGS: tuple[Sync, ...] = (DDP_WRAP, FSDP2)
-Optimizer = Literal["sgd", "momentum", "adam"]
+OptimizerName = Literal["sgd", "momentum", "adam"]
 MOMENTUM = 0.9  # SGD's momentum when optimizer="momentum"
 
 
@@ -73,7 +72,7 @@ class TrainConfig:
     record_accuracy: bool = False  # test accuracy after every epoch (evaluation time not counted)
     return_weights: bool = False  # send every rank's final weights back (6.5 MB each)
     show_progress: bool = False  # rank 0 writes "epoch e/E" to the terminal (not in notebooks)
-    optimizer: Optimizer = "sgd"  # sgd: no state; momentum: one buffer per weight; adam: two
+    optimizer: OptimizerName = "sgd"  # sgd: no state; momentum: one buffer per weight; adam: two
     hidden: int = HIDDEN  # the MLP's width ...
     hidden_layers: int = 2  # ... and depth (notebook 07 widens it until it outgrows a worker)
     max_steps: int | None = None  # stop after this many steps (None: every step of every epoch)
@@ -230,12 +229,11 @@ def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
             f"global batch {config.global_batch} is larger than the {n_samples} training samples"
         )
     if config.max_steps is not None and config.max_steps < 1:
-        raise ValueError(f"max_steps must be at least 1 (or None for every step), got "
-                         f"{config.max_steps}")
-    if config.sync not in ("ddp", "fsdp2", "allreduce", "none"):
         raise ValueError(
-            f"sync must be 'ddp', 'fsdp2', 'allreduce' or 'none', got {config.sync!r}"
+            f"max_steps must be at least 1 (or None for every step), got {config.max_steps}"
         )
+    if config.sync not in get_args(Sync):
+        raise ValueError(f"sync must be one of {', '.join(get_args(Sync))}, got {config.sync!r}")
     steps = total_steps(config, n_samples)
     if not 0 <= config.untimed_steps < steps:
         raise ValueError(
