@@ -26,8 +26,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.data import HARData, load_har
@@ -186,6 +184,9 @@ def wrap_model(model: nn.Module, config: TrainConfig) -> nn.Module:
     if config.sync == "ddp":
         return DDP(model)
     if config.sync == "fsdp2":
+        # imported here: every worker would otherwise pay about a second to import FSDP
+        from torch.distributed.fsdp import fully_shard
+
         for layer in model.modules():
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, reshard_after_forward=config.reshard_after_forward)
@@ -198,7 +199,9 @@ def unwrapped(model: nn.Module, config: TrainConfig) -> nn.Module:
     every rank's shards (all-gathers: every rank must call it)."""
     if isinstance(model, DDP):
         return model.module
-    if isinstance(model, FSDPModule):
+    if config.sync == "fsdp2":
+        from torch.distributed.tensor import DTensor
+
         whole = {
             name: value.full_tensor() if isinstance(value, DTensor) else value
             for name, value in model.state_dict().items()
