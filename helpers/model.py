@@ -10,17 +10,20 @@ HIDDEN = 1024
 
 
 def make_mlp(
-    n_features: int = N_FEATURES, hidden: int = HIDDEN, n_classes: int = N_CLASSES
+    n_features: int = N_FEATURES,
+    hidden: int = HIDDEN,
+    n_classes: int = N_CLASSES,
+    hidden_layers: int = 2,
 ) -> nn.Sequential:
-    """Build the reference MLP. Seed torch (``torch.manual_seed(0)``) before calling it
-    so that every worker starts from the same weights."""
-    return nn.Sequential(
-        nn.Linear(n_features, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, hidden),
-        nn.ReLU(),
-        nn.Linear(hidden, n_classes),
-    )
+    """Build the reference MLP (or a wider or deeper one). Seed torch (``torch.manual_seed(0)``)
+    before calling it so that every worker starts from the same weights."""
+    if hidden_layers < 1 or hidden < 1:
+        raise ValueError(f"an MLP needs at least 1 hidden layer of width at least 1, got "
+                         f"{hidden_layers} of width {hidden}")
+    layers: list[nn.Module] = [nn.Linear(n_features, hidden), nn.ReLU()]
+    for _ in range(hidden_layers - 1):
+        layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(hidden, n_classes))
 
 
 def count_parameters(model: nn.Module) -> int:

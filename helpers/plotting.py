@@ -273,5 +273,28 @@ def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("milliseconds from the start of the step (rank 0)")
     fig.suptitle(f"One training step: compute and communication\n{banner}", fontsize=10)
+
+
+# --------------------------------------------------------------------------- notebook 07: sharding
+
+
+def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
+    """Per run, the MB of parameters, gradients and optimizer state a worker holds (stacked, read
+    from its tensors) beside the growth of its peak RSS while training. Table from
+    ``helpers.sharding.memory_table``."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    x = range(len(table))
+    bottom = pd.Series(0.0, index=table.index)
+    for i, part in enumerate(("parameters", "gradients", "optimizer_state")):
+        ax.bar([p - 0.2 for p in x], table[part], 0.4, bottom=bottom, color=f"C{i}",
+               label=part.replace("_", " "))
+        bottom += table[part]
+    ax.bar([p + 0.2 for p in x], table["peak_rss_growth"], 0.4, color="0.6",
+           label="peak RSS growth while training")
+    ax.set_xticks(list(x), table.index, fontsize=9)
+    ax.set_ylabel("MB per worker (rank 0)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"What a worker holds: its tensors against its peak RSS\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol, get_args
 
 import numpy as np
 import torch
@@ -33,10 +33,18 @@ from helpers.buckets import bucket_plan
 from helpers.comm_hooks import CommHook
 from helpers.data import HARData, load_har
 from helpers.launch import WorldPlan, available_cores, launch
-from helpers.model import gradient_bytes, make_mlp
+from helpers.model import HIDDEN, gradient_bytes, make_mlp
 from helpers.schedules import Constant, Schedule
 
-Sync = Literal["ddp", "allreduce", "none"]
+# How the workers keep in step. The two that wrap the model: DDP (every worker holds the whole
+# model and all-reduces the gradients) and FSDP2 (``fully_shard``: every worker holds a 1/N shard
+# of the parameters, gradients and optimizer state; notebook 07). The other two are notebook 03's
+# mistakes made switchable.
+Sync = Literal["ddp", "fsdp2", "allreduce", "none"]
+DDP_WRAP: Sync = "ddp"
+FSDP2: Sync = "fsdp2"
+OptimizerName = Literal["sgd", "momentum", "adam"]
+MOMENTUM = 0.9  # SGD's momentum when optimizer="momentum"
 
 
 @dataclass(frozen=True)
@@ -52,8 +60,10 @@ class TrainConfig:
     # caller, so that every worker loads the same data)
     data: str | None = None
     # The common mistakes, made switchable so that a notebook can show what they do:
-    sync: Sync = "ddp"  # ddp: DDP; allreduce: average gradients by hand, no initial broadcast;
+    sync: Sync = "ddp"  # ddp: DDP; fsdp2: fully_shard (FSDP2), every Linear its own unit;
+    #                     allreduce: average gradients by hand, no initial broadcast;
     #                     none: no communication at all, every worker trains alone
+    reshard_after_forward: bool = True  # FSDP2 only: free the gathered parameters after forward
     seed_per_rank: bool = False  # each worker seeds torch with seed + rank
     order_per_rank: bool = False  # each worker shuffles with its own seed
     # the first steps run off the clock: DDP builds its buckets and allocates at the first one,
@@ -72,7 +82,10 @@ class TrainConfig:
     # their gradients summed locally (DDP's no_sync()) and all-reduced once, after the last
     accumulation_steps: int = 1
     sync_every_micro_batch: bool = False  # the waste: no no_sync(), an all-reduce per micro-batch
-    max_steps: int | None = None  # stop after this many steps (timings), even mid-epoch
+    optimizer: OptimizerName = "sgd"  # sgd: no state; momentum: one buffer per weight; adam: two
+    hidden: int = HIDDEN  # the MLP's width ...
+    hidden_layers: int = 2  # ... and depth (notebook 07 widens it until it outgrows a worker)
+    max_steps: int | None = None  # stop after this many steps (None: every step of every epoch)
 
 
 def local_slice(global_batch_indices: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -147,6 +160,74 @@ def accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
     return correct
 
 
+def total_steps(config: TrainConfig, n_samples: int) -> int:
+    """Steps the training takes: every full global batch of every epoch, or ``max_steps``."""
+    steps = config.epochs * steps_per_epoch(n_samples, config.global_batch)
+    return steps if config.max_steps is None else min(steps, config.max_steps)
+
+
+def make_model(config: TrainConfig) -> nn.Sequential:
+    """The MLP of the configured width and depth (the reference MLP by default)."""
+    return make_mlp(hidden=config.hidden, hidden_layers=config.hidden_layers)
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The configured optimizer over the model's parameters, whole or sharded: create it after
+    wrapping, since FSDP2 replaces every parameter by its shard."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config.lr)
+    if config.optimizer == "momentum":
+        return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=MOMENTUM)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config.lr)
+    raise ValueError(f"optimizer must be 'sgd', 'momentum' or 'adam', got {config.optimizer!r}")
+
+
+def wrap_model(model: nn.Module, config: TrainConfig, comm_log: list | None = None) -> nn.Module:
+    """Wrap a freshly built model as ``config.sync`` asks. Inside a process group.
+
+    DDP broadcasts rank 0's weights and all-reduces the gradients in ``backward()``. FSDP2 keeps
+    a ``1/N`` shard of every parameter on each worker: every ``Linear`` becomes one unit whose
+    parameters are all-gathered just before its forward (and again before its backward, unless
+    ``reshard_after_forward=False`` keeps them), and whose gradients are reduce-scattered, so
+    that each worker ends with the averaged gradient of its own shard only. Every rank must build
+    the same initial weights (the same seed): FSDP2 shards them where they are, it broadcasts
+    nothing. Under DDP, with the configured bucket cap and communication hook (notebook 06;
+    bucket timings appended to ``comm_log`` if given)."""
+    if config.sync == "ddp":
+        model = DDP(model, bucket_cap_mb=config.bucket_cap_mb)
+        comm_hooks.register(model, config.comm_hook, config.powersgd_rank, comm_log)
+        return model
+    if config.sync == "fsdp2":
+        # imported here: every worker would otherwise pay about a second to import FSDP
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, reshard_after_forward=config.reshard_after_forward)
+        fully_shard(model, reshard_after_forward=config.reshard_after_forward)
+    return model
+
+
+def unwrapped(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """The plain model with whole weights: DDP's module, or, under FSDP2, a copy assembled from
+    every rank's shards (all-gathers: every rank must call it)."""
+    if isinstance(model, DDP):
+        return model.module
+    if config.sync == "fsdp2":
+        from torch.distributed.tensor import DTensor
+
+        whole = {
+            name: value.full_tensor() if isinstance(value, DTensor) else value
+            for name, value in model.state_dict().items()
+        }
+        with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten anyway
+            plain = make_model(config)
+        plain.load_state_dict(whole)
+        return plain
+    return model
+
+
 def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
     """Refuse configurations that cannot split evenly, with a message that says what to change."""
     if world_size < 1:
@@ -165,6 +246,12 @@ def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
         raise ValueError(
             f"global batch {config.global_batch} is larger than the {n_samples} training samples"
         )
+    if config.max_steps is not None and config.max_steps < 1:
+        raise ValueError(
+            f"max_steps must be at least 1 (or None for every step), got {config.max_steps}"
+        )
+    if config.sync not in get_args(Sync):
+        raise ValueError(f"sync must be one of {', '.join(get_args(Sync))}, got {config.sync!r}")
     steps = total_steps(config, n_samples)
     if not 0 <= config.untimed_steps < steps:
         raise ValueError(
@@ -179,12 +266,6 @@ def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
             "divides global_batch / workers"
         )
     validate_communication(config)
-
-
-def total_steps(config: TrainConfig, n_samples: int) -> int:
-    """Steps the training takes: its epochs' full global batches, at most ``max_steps``."""
-    steps = config.epochs * steps_per_epoch(n_samples, config.global_batch)
-    return steps if config.max_steps is None else min(steps, config.max_steps)
 
 
 def validate_communication(config: TrainConfig) -> None:
@@ -203,7 +284,7 @@ def validate_communication(config: TrainConfig) -> None:
     if config.powersgd_rank < 1:
         raise ValueError(f"powersgd_rank must be at least 1, got {config.powersgd_rank}")
     with torch.random.fork_rng(devices=[]):  # leaves the caller's random state as it was
-        model = make_mlp()
+        model = make_model(config)
     comm_hooks.check_hook(
         config.comm_hook,
         len(bucket_plan(model, config.bucket_cap_mb)),
@@ -224,6 +305,10 @@ class Loop(NamedTuple):
     epoch_accuracies: list[float]  # test accuracy after every epoch (if evaluated)
     eval_seconds: float  # time spent evaluating after the clock started: not training
     clock_start: float  # perf_counter() at the first timed step (after config.untimed_steps)
+    optimizer: torch.optim.Optimizer | None = None  # with its state (Adam's moments, momentum)
+
+
+AfterStep = Callable[[int, nn.Module, torch.optim.Optimizer], None]
 
 
 def train_steps(
@@ -234,13 +319,15 @@ def train_steps(
     rank: int = 0,
     world_size: int = 1,
     evaluate: Callable[[nn.Module], float] | None = None,
+    after_step: AfterStep | None = None,
 ) -> Loop:
     """The training loop, on one screen: every epoch the same order on every worker, every step
-    this rank's slice of the global batch. The training time is ``perf_counter()`` afterwards
-    minus ``clock_start`` minus ``eval_seconds``."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    steps = steps_per_epoch(len(X), config.global_batch)
-    last = total_steps(config, len(X))
+    this rank's slice of the global batch. The model comes wrapped (DDP, FSDP2) or not; the
+    loop is the same. The training time is ``perf_counter()`` afterwards minus ``clock_start``
+    minus ``eval_seconds``. ``after_step(step, model, optimizer)``, if given, runs after every
+    step (notebook 07 accounts memory there)."""
+    optimizer = make_optimizer(model, config)
+    steps, last = steps_per_epoch(len(X), config.global_batch), total_steps(config, len(X))
     losses = torch.zeros(last if config.record_loss else 0)
     accuracies, eval_seconds, step, clock_start = [], 0.0, 0, time.perf_counter()
     for epoch in range(config.epochs):
@@ -261,6 +348,8 @@ def train_steps(
             optimizer.step()
             if config.record_loss:
                 losses[step] = loss
+            if after_step is not None:
+                after_step(step, model, optimizer)
             step += 1
         else:  # a whole epoch: evaluate after it
             if evaluate is not None:
@@ -271,7 +360,7 @@ def train_steps(
                 print(f"  epoch {epoch + 1}/{config.epochs}", end="\r", file=sys.stderr, flush=True)
             continue
         break  # stopped by max_steps: no evaluation of a partial epoch
-    return Loop(losses, accuracies, eval_seconds, clock_start)
+    return Loop(losses, accuracies, eval_seconds, clock_start, optimizer)
 
 
 def forward_backward(
@@ -311,23 +400,35 @@ def _report(net: nn.Module, data: HARData, config: TrainConfig, **fields) -> dic
 
 
 def build_model(config: TrainConfig, rank: int = 0, comm_log: list | None = None) -> nn.Module:
-    """This rank's MLP from the configured seed; under DDP wrapped with the configured bucket cap
-    and communication hook (bucket timings appended to ``comm_log`` if given)."""
+    """This rank's model from the configured seed, wrapped as ``config.sync`` asks (``wrap_model``;
+    under DDP with its bucket timings appended to ``comm_log`` if given)."""
     torch.manual_seed(config.seed + (rank if config.seed_per_rank else 0))
-    model = make_mlp()
-    if config.sync == "ddp":
-        # broadcasts rank 0's weights; averages gradients in backward()
-        model = DDP(model, bucket_cap_mb=config.bucket_cap_mb)
-        comm_hooks.register(model, config.comm_hook, config.powersgd_rank, comm_log)
-    return model
+    return wrap_model(make_model(config), config, comm_log)
 
 
-def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
+class Probe(Protocol):
+    """Measurements taken inside a worker around the training (``helpers.sharding``'s
+    ``ShardingProbe``): ``start`` before the model is built, ``after_step`` after every step,
+    ``finish`` after the last, whose dict comes back in ``RunResult.probes``."""
+
+    def start(self, rank: int, world_size: int) -> None: ...
+
+    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        ...
+
+    def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict: ...
+
+
+def train_worker(
+    rank: int, world_size: int, config: TrainConfig, probe: Probe | None = None
+) -> dict:
     """One worker's share of the training. Runs inside a process group (``helpers.launch``)."""
-    return train_worker_many(rank, world_size, [config])[0]
+    return train_worker_many(rank, world_size, [config], probe)[0]
 
 
-def train_worker_many(rank: int, world_size: int, configs: Sequence[TrainConfig]) -> list[dict]:
+def train_worker_many(
+    rank: int, world_size: int, configs: Sequence[TrainConfig], probe: Probe | None = None
+) -> list[dict]:
     """One worker's share of several trainings, one after the other, in one process group: the
     start-up (processes, imports, data) is paid once. Every config must name the same data."""
     if len({c.data for c in configs}) > 1:
@@ -336,24 +437,34 @@ def train_worker_many(rank: int, world_size: int, configs: Sequence[TrainConfig]
     X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
     for config in configs:
         validate(config, world_size, len(X))
-    return [_train_one(rank, world_size, config, data, X, y) for config in configs]
+    return [_train_one(rank, world_size, config, data, X, y, probe) for config in configs]
 
 
 def _train_one(
-    rank: int, world_size: int, config: TrainConfig, data: HARData, X: torch.Tensor, y: torch.Tensor
+    rank: int,
+    world_size: int,
+    config: TrainConfig,
+    data: HARData,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    probe: Probe | None = None,
 ) -> dict:
+    if probe is not None:
+        probe.start(rank, world_size)
     model = build_model(config, rank)
     dist.barrier()  # start the clock when every worker is ready
     ready_at = time.time()
     evaluate = test_accuracy_of(data) if config.record_accuracy else None
-    loop = train_steps(model, X, y, config, rank, world_size, evaluate)
+    after_step = probe.after_step if probe is not None else None
+    loop = train_steps(model, X, y, config, rank, world_size, evaluate, after_step)
     seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
     losses, epoch_accuracies = loop.losses, loop.epoch_accuracies
+    probed = probe.finish(model, loop.optimizer) if probe is not None else None
 
     if config.record_loss and config.sync != "none":
         dist.all_reduce(losses)  # equal slices: the global loss is the mean of the local ones
         losses /= world_size
-    net = model.module if isinstance(model, DDP) else model
+    net = unwrapped(model, config)
     return _report(
         net,
         data,
@@ -364,6 +475,7 @@ def _train_one(
         steps=total_steps(config, len(X)),
         losses=losses.tolist(),
         epoch_accuracies=epoch_accuracies,
+        probe=probed,
     )
 
 
@@ -387,6 +499,9 @@ class RunResult:
     losses: list[float] = field(default_factory=list, repr=False)
     weights: list[np.ndarray | None] = field(default_factory=list, repr=False)
     epoch_accuracies: list[float] = field(default_factory=list, repr=False)
+    sync: str = "ddp"
+    reshard_after_forward: bool = True
+    probes: list[dict | None] = field(default_factory=list, repr=False)  # rank by rank
 
     def to_record(self) -> dict:
         """A JSON-friendly dict (without the per-step losses and weights)."""
@@ -394,6 +509,9 @@ class RunResult:
         record.pop("losses")
         record.pop("weights")
         record.pop("epoch_accuracies")
+        record.pop("probes")
+        record.pop("sync")
+        record.pop("reshard_after_forward")
         return record
 
 
@@ -476,6 +594,9 @@ def _result(
         losses=reports[0]["losses"],
         weights=[r["weights"] for r in reports],
         epoch_accuracies=reports[0]["epoch_accuracies"],
+        sync=config.sync,
+        reshard_after_forward=config.reshard_after_forward,
+        probes=[r["probe"] for r in reports],
     )
 
 
@@ -487,7 +608,7 @@ def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = 
     validate(config, 1, len(X))
     with torch_threads(threads or available_cores()):
         torch.manual_seed(config.seed)
-        model = make_mlp()
+        model = make_model(config)
         evaluate = test_accuracy_of(data) if config.record_accuracy else None
         loop = train_steps(model, X, y, config, evaluate=evaluate)
         seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds

@@ -1,0 +1,157 @@
+"""FSDP2 beside DDP (notebook 07): the same training, 1/N of the state, the traffic counted,
+a memory budget enforced, sharded checkpoints loaded on another number of workers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.launch import WorkerError, launch
+from helpers.model import count_parameters, gradient_bytes, make_mlp
+from helpers.replicas import weight_gap
+from helpers.sharding import (
+    ShardingProbe,
+    expected_bytes,
+    load_sharded,
+    load_worker,
+    per_step_traffic,
+    wire_bytes,
+)
+from helpers.training import TrainConfig, make_optimizer, run_training, validate
+
+# SGD with momentum: its update scales with the gradient (unlike Adam's), so a wrapping that
+# summed instead of averaging would train differently; and it keeps one buffer per weight.
+CONFIG = TrainConfig(
+    global_batch=256,
+    epochs=1,
+    max_steps=5,
+    optimizer="momentum",
+    lr=0.05,
+    data="standin",
+    record_loss=True,
+    return_weights=True,
+)
+PARAM_BYTES = 6_524_952  # the reference MLP's float32 parameters
+# between FSDP2's half of the state on 2 workers (9.8 MB) and DDP's whole state (19.6 MB)
+BUDGET = 15 * 10**6
+
+
+@pytest.fixture(scope="module")
+def ddp_run():
+    return run_training(2, CONFIG, probe=ShardingProbe(count_step=1))
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("checkpoint")
+    probe = ShardingProbe(budget_bytes=BUDGET, count_step=1, digest=True, save_to=str(path))
+    return run_training(2, replace(CONFIG, sync="fsdp2"), probe=probe), path
+
+
+def test_fsdp2_trains_like_ddp_for_the_configured_steps(ddp_run, fsdp_run):
+    fsdp, _ = fsdp_run
+    assert fsdp.steps == ddp_run.steps == 5 and len(fsdp.losses) == 5
+    assert fsdp.replicas_identical
+    # float rounding at most: 5 momentum steps move the weights by about 1e-2
+    assert weight_gap(fsdp.weights[0], ddp_run.weights[0]) < 1e-5
+    assert np.allclose(fsdp.losses, ddp_run.losses, rtol=0, atol=1e-6)
+    assert fsdp.losses[-1] < fsdp.losses[0]
+
+
+def test_each_fsdp2_worker_holds_half_of_ddps_state(ddp_run, fsdp_run):
+    fsdp, _ = fsdp_run
+    for probe in ddp_run.probes:
+        assert probe["held"] == {k: PARAM_BYTES for k in probe["held"]}  # momentum: 1 copy
+    for probe in fsdp.probes:
+        assert probe["held"] == {k: PARAM_BYTES // 2 for k in probe["held"]}  # even shards
+        assert sum(probe["held"].values()) <= BUDGET  # so the budget let it train
+
+
+def test_fsdp2_sends_one_and_a_half_times_ddps_bytes(ddp_run, fsdp_run):
+    fsdp, _ = fsdp_run
+    ddp_traffic = per_step_traffic(ddp_run.probes[0]["calls"], 2)
+    fsdp_traffic = per_step_traffic(fsdp.probes[0]["calls"], 2)
+    assert ddp_traffic["all-reduce"]["message_bytes"] == PARAM_BYTES
+    layers = 3  # every Linear is one unit: gathered for forward and again for backward
+    assert fsdp_traffic["all-gather"] == {
+        "calls": 2 * layers,
+        "message_bytes": 2 * PARAM_BYTES,
+        "wire_bytes": PARAM_BYTES,
+    }
+    assert fsdp_traffic["reduce-scatter"]["calls"] == layers
+    assert fsdp_traffic["reduce-scatter"]["message_bytes"] == PARAM_BYTES
+    sent = {
+        name: sum(r["wire_bytes"] for r in t.values())
+        for name, t in (("ddp", ddp_traffic), ("fsdp", fsdp_traffic))
+    }
+    assert sent["fsdp"] / sent["ddp"] == pytest.approx(1.5, abs=1e-4)
+
+
+def test_a_sharded_checkpoint_loads_bit_for_bit_on_one_worker(fsdp_run):
+    fsdp, path = fsdp_run
+    assert (path / ".metadata").exists()
+    loaded = launch(load_worker, 1, replace(CONFIG, sync="fsdp2"), str(path))[0]
+    assert np.array_equal(loaded["weights"], fsdp.weights[0])
+    assert loaded["optimizer_digest"] == fsdp.probes[0]["optimizer_digest"]
+    assert loaded["held"]["parameters"] == PARAM_BYTES  # whole again, on one worker
+
+
+def test_the_budget_stops_ddp_at_its_first_step_in_one_line():
+    # one DDP worker holds what each of any number of DDP workers holds
+    with pytest.raises(WorkerError) as caught:
+        run_training(1, CONFIG, probe=ShardingProbe(budget_bytes=BUDGET, count_step=0))
+    message = str(caught.value)
+    assert "MemoryBudgetError" in message and "after step 0" in message
+    assert "sync='fsdp2'" in message and "\n" not in message
+
+
+def test_loading_a_missing_checkpoint_says_so(tmp_path):
+    model = make_mlp()
+    with pytest.raises(FileNotFoundError, match="no DCP checkpoint"):
+        load_sharded(model, make_optimizer(model, CONFIG), str(tmp_path))
+
+
+def test_zero_stages_arithmetic():
+    whole = expected_bytes(100, "adam", 4, 0)
+    assert whole == {"parameters": 100, "gradients": 100, "optimizer_state": 200}
+    assert expected_bytes(100, "adam", 4, 1)["optimizer_state"] == 50
+    assert expected_bytes(100, "momentum", 4, 2) == {
+        "parameters": 100,
+        "gradients": 25,
+        "optimizer_state": 25,
+    }
+    assert sum(expected_bytes(100, "sgd", 4, 3).values()) == 50
+    with pytest.raises(ValueError, match="stage"):
+        expected_bytes(100, "adam", 4, 4)
+
+
+def test_ring_bytes_per_worker():
+    assert wire_bytes("all-reduce", 1000, 4) == 1500
+    assert wire_bytes("all-gather", 1000, 4) == wire_bytes("reduce-scatter", 1000, 4) == 750
+    assert wire_bytes("all-reduce", 1000, 1) == 0
+
+
+def test_the_mlp_grows_in_width_and_depth_and_defaults_to_the_reference():
+    assert count_parameters(make_mlp()) == 1_631_238 and gradient_bytes(make_mlp()) == PARAM_BYTES
+    with torch.device("meta"):
+        wide = make_mlp(hidden=64, hidden_layers=3)
+    assert count_parameters(wide) == (561 * 64 + 64) + 2 * (64 * 64 + 64) + (64 * 6 + 6)
+    with pytest.raises(ValueError, match="hidden layer"):
+        make_mlp(hidden_layers=0)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"sync": "zero3"}, "sync must be"),
+        ({"max_steps": 0}, "max_steps must be"),
+    ],
+)
+def test_bad_settings_are_refused_in_one_line(change, words):
+    with pytest.raises(ValueError, match=words):
+        validate(replace(CONFIG, **change), 2, 7352)
+    with pytest.raises(ValueError, match="optimizer must be"):
+        make_optimizer(make_mlp(), replace(CONFIG, optimizer="lamb"))
