@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from helpers.checkpoint import CheckpointSpec, Checkpointer
 from helpers.data import HARData, load_har
 from helpers.launch import WorldPlan, available_cores, launch
 from helpers.model import make_mlp
@@ -121,7 +122,7 @@ def weights_digest(model: nn.Module) -> str:
     """SHA-256 of every weight's bytes: replicas are identical only if these match exactly."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -183,17 +184,20 @@ def train_steps(
     rank: int = 0,
     world_size: int = 1,
     evaluate: Callable[[nn.Module], float] | None = None,
+    checkpoint: Checkpointer | None = None,
 ) -> Loop:
     """The training loop, on one screen: every epoch the same order on every worker, every step
     this rank's slice of the global batch. The training time is ``perf_counter()`` afterwards
-    minus ``clock_start`` minus ``eval_seconds``."""
+    minus ``clock_start`` minus ``eval_seconds``. With a ``checkpoint``, it starts from the
+    latest checkpoint (the same epoch and step within it) and saves as it goes."""
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     steps = steps_per_epoch(len(X), config.global_batch)
     losses = torch.zeros(config.epochs * steps if config.record_loss else 0)
-    accuracies, eval_seconds, step, clock_start = [], 0.0, 0, time.perf_counter()
-    for epoch in range(config.epochs):
+    start = checkpoint.restore(model, optimizer, losses, steps) if checkpoint else 0
+    accuracies, eval_seconds, step, clock_start = [], 0.0, start, time.perf_counter()
+    for epoch in range(start // steps, config.epochs):
         order = worker_order(len(X), epoch, rank, config.order_per_rank)
-        for i in range(steps):
+        for i in range(start % steps if epoch == start // steps else 0, steps):
             if step == config.untimed_steps > 0:
                 clock_start, eval_seconds = time.perf_counter(), 0.0
             batch = order[i * config.global_batch : (i + 1) * config.global_batch]
@@ -209,6 +213,8 @@ def train_steps(
             if config.record_loss:
                 losses[step] = loss.detach()
             step += 1
+            if checkpoint:
+                checkpoint.after_step(model, optimizer, losses, step, steps, config.epochs * steps)
         if evaluate is not None:
             started = time.perf_counter()
             accuracies.append(evaluate(model))
@@ -235,28 +241,48 @@ def _report(net: nn.Module, data: HARData, config: TrainConfig, **fields) -> dic
     }
 
 
-def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
-    """One worker's share of the training. Runs inside a process group (``helpers.launch``)."""
+def run_identity(config: TrainConfig) -> dict:
+    """What makes two runs the same training, for refusing to resume another run's checkpoint
+    (the world size is not in it: every world size does the same training)."""
+    keys = ("global_batch", "epochs", "lr", "seed", "data", "sync", "seed_per_rank",
+            "order_per_rank")  # fmt: skip
+    return {**{k: getattr(config, k) for k in keys}, "schedule": repr(config.schedule)}
+
+
+def train_worker(
+    rank: int,
+    world_size: int,
+    config: TrainConfig,
+    checkpoint: CheckpointSpec | None = None,
+    device: str = "cpu",
+) -> dict:
+    """One worker's share of the training. Runs inside a process group (``helpers.launch``, or
+    torchrun through ``helpers.train``). With ``checkpoint``, resumes from its latest checkpoint
+    and saves every ``checkpoint.every`` steps. ``device``: "cpu", or "cuda:N" under NCCL."""
     data = load_har(config.data, download=False)
-    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
+    X, y = torch.from_numpy(data.X_train).to(device), torch.from_numpy(data.y_train).to(device)
     validate(config, world_size, len(X))
+    if config.record_accuracy and device != "cpu":
+        raise ValueError("record_accuracy evaluates on the CPU: train on the CPU to record it")
 
     torch.manual_seed(config.seed + (rank if config.seed_per_rank else 0))
-    model = make_mlp()
+    model = make_mlp().to(device)
     if config.sync == "ddp":
-        model = DDP(model)  # broadcasts rank 0's weights; averages gradients in backward()
+        # broadcasts rank 0's weights; averages gradients in backward()
+        model = DDP(model, device_ids=None if device == "cpu" else [torch.device(device)])
+    saver = Checkpointer(checkpoint, run_identity(config), rank) if checkpoint else None
 
     dist.barrier()  # start the clock when every worker is ready
     ready_at = time.time()
     evaluate = test_accuracy_of(data) if config.record_accuracy else None
-    loop = train_steps(model, X, y, config, rank, world_size, evaluate)
+    loop = train_steps(model, X, y, config, rank, world_size, evaluate, saver)
     seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
     losses, epoch_accuracies = loop.losses, loop.epoch_accuracies
 
     if config.record_loss and config.sync != "none":
         dist.all_reduce(losses)  # equal slices: the global loss is the mean of the local ones
         losses /= world_size
-    net = model.module if isinstance(model, DDP) else model
+    net = (model.module if isinstance(model, DDP) else model).cpu()
     return _report(
         net,
         data,
@@ -267,6 +293,8 @@ def train_worker(rank: int, world_size: int, config: TrainConfig) -> dict:
         steps=steps_per_epoch(len(X), config.global_batch) * config.epochs,
         losses=losses.tolist(),
         epoch_accuracies=epoch_accuracies,
+        resumed_from=saver.resumed_from if saver else 0,
+        checkpoints_saved=saver.saved if saver else [],
     )
 
 
@@ -322,8 +350,21 @@ def run_training(
     reports = launch(
         train_worker, world, config, threads_per_worker=threads_per_worker, **launch_options
     )
+    return summarise(reports, config, threads_per_worker, asked_at, oversubscribed)
+
+
+def summarise(
+    reports: list[dict],
+    config: TrainConfig,
+    threads_per_worker: int,
+    asked_at: float,
+    oversubscribed: bool = False,
+) -> RunResult:
+    """One ``RunResult`` from every rank's ``train_worker`` report, in rank order (whoever
+    launched them: ``helpers.launch`` or torchrun). ``asked_at``: ``time.time()`` when the
+    workers were asked for."""
     return RunResult(
-        world=world,
+        world=len(reports),
         global_batch=config.global_batch,
         epochs=config.epochs,
         threads_per_worker=threads_per_worker,
@@ -334,7 +375,7 @@ def run_training(
         checksums=[r["checksum"] for r in reports],
         accuracies=[r["accuracy"] for r in reports],
         steps=reports[0]["steps"],
-        data_source=data.source,
+        data_source=reports[0]["data_source"],
         oversubscribed=oversubscribed,
         losses=reports[0]["losses"],
         weights=[r["weights"] for r in reports],
