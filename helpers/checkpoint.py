@@ -142,8 +142,15 @@ class Checkpointer:
         self.resumed_from = 0  # the global step this process started at
         self.saved: list[int] = []  # steps this process saved
 
-    def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer, losses: torch.Tensor,
-               epoch: int, step_in_epoch: int, step: int) -> dict:  # fmt: skip
+    def _state(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        losses: torch.Tensor,
+        epoch: int,
+        step_in_epoch: int,
+        step: int,
+    ) -> dict:
         model_state, optimizer_state = get_state_dict(model, optimizer)
         return {
             "model": model_state,
@@ -152,8 +159,13 @@ class Checkpointer:
             "losses": losses,
         }
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, losses: torch.Tensor,
-                steps_per_epoch: int) -> int:  # fmt: skip
+    def restore(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        losses: torch.Tensor,
+        steps_per_epoch: int,
+    ) -> int:
         """Load the latest checkpoint, if any, into ``model``, ``optimizer`` and ``losses``;
         return the global step to continue from (0 without one). Removes what a killed save
         left behind first."""
@@ -176,8 +188,9 @@ class Checkpointer:
             return 0
         state = self._state(model, optimizer, losses, 0, 0, 0)
         dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])  # fmt: skip
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
         progress = state["progress"]
         if progress["step"] != progress["epoch"] * steps_per_epoch + progress["step_in_epoch"]:
             raise CheckpointError(f"{path} has inconsistent progress {progress}; remove it")
@@ -190,8 +203,9 @@ class Checkpointer:
         if file.exists():
             saved = json.loads(file.read_text())
             if saved != self.run:
-                changed = sorted(k for k in self.run.keys() | saved.keys()
-                                 if saved.get(k) != self.run.get(k))  # fmt: skip
+                changed = sorted(
+                    k for k in self.run.keys() | saved.keys() if saved.get(k) != self.run.get(k)
+                )
                 raise CheckpointError(
                     f"the checkpoints in {self.root} are from another run (it differs in "
                     f"{', '.join(changed)}): choose another checkpoint folder, or remove it"
@@ -199,9 +213,15 @@ class Checkpointer:
         else:
             atomic_write(file, lambda f: f.write(json.dumps(self.run, indent=1).encode()))
 
-    def after_step(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   losses: torch.Tensor, step: int, steps_per_epoch: int,
-                   total_steps: int) -> None:  # fmt: skip
+    def after_step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        losses: torch.Tensor,
+        step: int,
+        steps_per_epoch: int,
+        total_steps: int,
+    ) -> None:
         """Called after every optimizer step (``step`` counts the steps done): save every
         ``spec.every`` steps and at the end; run the fault drill if this is its step."""
         fault = self.spec.fault

@@ -52,8 +52,16 @@ from helpers.reproduce import (
 from helpers.training import TrainConfig, summarise, train_worker, validate
 
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")  # fmt: skip
+TORCHRUN_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+)
 
 
 @dataclass(frozen=True)
@@ -120,17 +128,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_options(p)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto (default): each worker's GPU if CUDA is there, else the CPU")  # fmt: skip
-    p.add_argument("--checkpoint-dir", type=Path, metavar="DIR",
-                   help="save checkpoints here and resume from the latest one (every rank must "
-                   "see the same folder)")  # fmt: skip
-    p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
-                   help="steps between checkpoints (default: %(default)s; the last step is "
-                   "always saved)")  # fmt: skip
-    p.add_argument("--inject-kill", type=_fault, metavar="RANK:STEP[:save]",
-                   help="fault drill: that rank kills itself with SIGKILL after that step (or, "
-                   "with :save, in the middle of saving it), on the first attempt only")  # fmt: skip
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto (default): each worker's GPU if CUDA is there, else the CPU",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help="save checkpoints here and resume from the latest one (every rank must "
+        "see the same folder)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=10,
+        metavar="N",
+        help="steps between checkpoints (default: %(default)s; the last step is always saved)",
+    )
+    p.add_argument(
+        "--inject-kill",
+        type=_fault,
+        metavar="RANK:STEP[:save]",
+        help="fault drill: that rank kills itself with SIGKILL after that step (or, "
+        "with :save, in the middle of saving it), on the first attempt only",
+    )
     args = check_run_options(p, p.parse_args(argv))
     if not args.global_batch:
         args.global_batch, args.epochs = [[b] for b in EXPERIMENT_1[0]]
@@ -158,9 +182,21 @@ def rerun_command(args: argparse.Namespace, env: WorkerEnv, source: str, threads
     elif env.nodes == 1:
         words = ["torchrun", "--nproc-per-node", str(env.local_world_size), "-m", "helpers.train"]
     else:
-        words = ["torchrun", "--nnodes", str(env.nodes), "--nproc-per-node",
-                 str(env.local_world_size), "--node-rank", "NODE_RANK", "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", "HOST:PORT", "-m", "helpers.train"]  # fmt: skip
+        words = [
+            "torchrun",
+            "--nnodes",
+            str(env.nodes),
+            "--nproc-per-node",
+            str(env.local_world_size),
+            "--node-rank",
+            "NODE_RANK",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "HOST:PORT",
+            "-m",
+            "helpers.train",
+        ]
     words += ["--global-batch", str(args.global_batch[0]), "--epochs", str(args.epochs[0])]
     words += ["--lr", repr(args.lr), "--seed", str(args.seed), "--data", source]
     words += ["--threads-per-worker", str(threads)]
@@ -185,14 +221,16 @@ def _join(env: WorkerEnv, backend: str) -> None:
     if not env.under_torchrun:
         store = dist.HashStore()
     elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        agent = dist.TCPStore(env.master_addr, env.master_port, env.world_size, is_master=False,
-                              timeout=timeout)  # fmt: skip
+        agent = dist.TCPStore(
+            env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout
+        )
         store = dist.PrefixStore(f"helpers.train/attempt_{env.restart_count}", agent)
     else:
         dist.init_process_group(backend, timeout=timeout)  # env://, rank 0 hosts the store
         return
-    dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
-                            timeout=timeout)  # fmt: skip
+    dist.init_process_group(
+        backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
+    )
 
 
 def recovery_text(report: dict, env: WorkerEnv, fault: Fault | None) -> str:
@@ -200,10 +238,13 @@ def recovery_text(report: dict, env: WorkerEnv, fault: Fault | None) -> str:
     saved = report["checkpoints_saved"]
     line = f"checkpoints saved at steps {', '.join(map(str, saved)) or 'none'}"
     if env.restart_count == 0:
-        return line + (f"; resumed from step {report['resumed_from']}"
-                       if report["resumed_from"] else "")  # fmt: skip
-    line += (f"; torchrun restarted the group {env.restart_count} time(s); resumed from step "
-             f"{report['resumed_from']}")  # fmt: skip
+        return line + (
+            f"; resumed from step {report['resumed_from']}" if report["resumed_from"] else ""
+        )
+    line += (
+        f"; torchrun restarted the group {env.restart_count} time(s); resumed from step "
+        f"{report['resumed_from']}"
+    )
     if fault is not None:
         redone = fault.step - report["resumed_from"]
         line += f"; rank {fault.rank} was killed after step {fault.step}: {redone} step(s) redone"
@@ -243,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = None
     if args.checkpoint_dir:
-        spec = CheckpointSpec(str(args.checkpoint_dir), args.checkpoint_every,
-                              fault=args.inject_kill)  # fmt: skip
+        spec = CheckpointSpec(
+            str(args.checkpoint_dir), args.checkpoint_every, fault=args.inject_kill
+        )
     torch.set_num_threads(threads)
     if env.master_addr in LOOPBACK_ADDRESSES:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
@@ -265,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     if not lead:
         return 0
-    return _print_results(args, env, data, config, threads, plan[0].oversubscribed, reports,
-                          started_at)  # fmt: skip
+    return _print_results(
+        args, env, data, config, threads, plan[0].oversubscribed, reports, started_at
+    )
 
 
 def _print_results(args, env, data, config, threads, oversubscribed, reports, started_at) -> int:
@@ -275,21 +318,35 @@ def _print_results(args, env, data, config, threads, oversubscribed, reports, st
     rerun = rerun_command(args, env, data.source, threads)
     print(data.banner)
     print(f"machine: {facts['cores']} cores, {facts['cpu']}; torch {facts['torch']}")
-    print(f"workers: {env.world_size} on {env.nodes} node(s), {threads} thread(s) each, "
-          f"{backend_for(device_for(args.device, 0))}")  # fmt: skip
+    print(
+        f"workers: {env.world_size} on {env.nodes} node(s), {threads} thread(s) each, "
+        f"{backend_for(device_for(args.device, 0))}"
+    )
     print(f"rerun: {rerun}")
-    setting = Setting("torchrun" if env.under_torchrun else "One worker",
-                      config.global_batch, config.epochs)  # fmt: skip
+    setting = Setting(
+        "torchrun" if env.under_torchrun else "One worker", config.global_batch, config.epochs
+    )
     print_table(setting, [run], [], data.banner, args.lr)
     if args.checkpoint_dir:
         print(recovery_text(reports[0], env, args.inject_kill))
     if args.json:
-        record = {"experiment": setting.title, **run.to_record(), "digest": reports[0]["digest"],
-                  "restarts": env.restart_count, "resumed_from": reports[0]["resumed_from"],
-                  "checkpoints_saved": reports[0]["checkpoints_saved"],
-                  "ranks": [r["env"] for r in reports]}  # fmt: skip
-        report = {"machine": facts, "data_source": data.source, "data": data.banner,
-                  "threads_per_worker": threads, "rerun": rerun, "runs": [record]}  # fmt: skip
+        record = {
+            "experiment": setting.title,
+            **run.to_record(),
+            "digest": reports[0]["digest"],
+            "restarts": env.restart_count,
+            "resumed_from": reports[0]["resumed_from"],
+            "checkpoints_saved": reports[0]["checkpoints_saved"],
+            "ranks": [r["env"] for r in reports],
+        }
+        report = {
+            "machine": facts,
+            "data_source": data.source,
+            "data": data.banner,
+            "threads_per_worker": threads,
+            "rerun": rerun,
+            "runs": [record],
+        }
         atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=2).encode()))
         print(f"wrote {args.json}")
     return 0

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers.checkpoint import CheckpointSpec, Checkpointer
+from helpers.checkpoint import Checkpointer, CheckpointSpec
 from helpers.data import HARData, load_har
 from helpers.launch import WorldPlan, available_cores, launch
 from helpers.model import make_mlp
