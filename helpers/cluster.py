@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -78,10 +79,22 @@ def torchrun_argv(
     return [*argv, *ENTRY, *train_args]
 
 
+def shown(argv: list[str]) -> str:
+    """A torchrun command line as a reader would type it: ``torchrun``, not this Python's
+    ``-m torch.distributed.run``, a loopback port written ``PORT``, no ``--json`` file."""
+    words = list(argv)
+    if words[1:3] == ["-m", "torch.distributed.run"]:
+        words[:3] = ["torchrun"]
+    if "--json" in words:
+        del words[words.index("--json") : words.index("--json") + 2]
+    return re.sub(rf"{re.escape(LOOPBACK)}:\d+", f"{LOOPBACK}:PORT", shlex.join(words))
+
+
 @dataclass
 class TorchrunRun:
     """What one launch of ``helpers.train`` under torchrun printed and reported."""
 
+    commands: list[list[str]]  # each node's torchrun command line
     returncodes: list[int]  # one torchrun per node
     stdout: str  # node 0's: rank 0 prints the results
     stderr: list[str]  # every node's
@@ -123,13 +136,14 @@ def run_torchrun(
     env = {**os.environ, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
         report_path = Path(tmp) / "report.json"
-        procs = []
+        procs, commands = [], []
         for node in range(nnodes):
             args = [*train_args, "--json", str(report_path)] if node == 0 else train_args
             argv = torchrun_argv(
                 args, nproc_per_node, endpoint, nnodes, node, max_restarts, local_addrs[node]
             )
             prefix = prefixes[node] if prefixes else []
+            commands.append([*prefix, *argv])
             procs.append(
                 subprocess.Popen(
                     [*prefix, *argv],
@@ -152,7 +166,7 @@ def run_torchrun(
             raise
         report = json.loads(report_path.read_text()) if report_path.exists() else None
     return TorchrunRun(
-        [p.returncode for p in procs], outputs[0][0], [err for _, err in outputs], report
+        commands, [p.returncode for p in procs], outputs[0][0], [err for _, err in outputs], report
     )
 
 
@@ -224,4 +238,5 @@ def _address(hex_address: str, family: int) -> str:
         raw = raw[::-1]
     else:
         raw = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-    return f"{socket.inet_ntop(family, raw)}:{int(port, 16)}"
+    host = socket.inet_ntop(family, raw)
+    return f"{host if family == socket.AF_INET else f'[{host}]'}:{int(port, 16)}"

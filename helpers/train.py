@@ -235,19 +235,20 @@ def _join(env: WorkerEnv, backend: str) -> None:
 
 def recovery_text(report: dict, env: WorkerEnv, fault: Fault | None) -> str:
     """What checkpointing did in this run, in one line."""
-    saved = report["checkpoints_saved"]
-    line = f"checkpoints saved at steps {', '.join(map(str, saved)) or 'none'}"
+    saved = ", ".join(map(str, report["checkpoints_saved"])) or "none"
     if env.restart_count == 0:
+        line = f"checkpoints saved at steps {saved}"
         return line + (
             f"; resumed from step {report['resumed_from']}" if report["resumed_from"] else ""
         )
-    line += (
-        f"; torchrun restarted the group {env.restart_count} time(s); resumed from step "
-        f"{report['resumed_from']}"
+    line = (
+        f"torchrun restarted the group {env.restart_count} time(s); it resumed from step "
+        f"{report['resumed_from']} and saved checkpoints at steps {saved}"
     )
     if fault is not None:
+        when = "while saving step" if fault.during_save else "after step"
         redone = fault.step - report["resumed_from"]
-        line += f"; rank {fault.rank} was killed after step {fault.step}: {redone} step(s) redone"
+        line += f"; rank {fault.rank} was killed {when} {fault.step}: {redone} step(s) redone"
     return line
 
 

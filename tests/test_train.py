@@ -7,11 +7,14 @@ import os
 import shutil
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from helpers import train
-from helpers.cluster import run_torchrun, scheduler_commands, train_args_of
+from helpers.cluster import listening_addresses, run_torchrun, scheduler_commands, train_args_of
+from helpers.launch import LOOPBACK, _loopback_store
 from helpers.training import TrainConfig, run_training
 
 # 7,415 recordings / 2048 = 3 steps per epoch: 6 steps, a few seconds per launch
@@ -101,6 +104,20 @@ def test_the_scheduler_files_run_the_same_entry_point_and_options():
     assert args.checkpoint_dir is not None, "a long run on a cluster saves checkpoints"
     for words in commands.values():
         assert words[0] == "torchrun" and words[words.index("--max-restarts") + 1] == "1"
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
+def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
+    """What the security notes say: torch 2.13's TCPStore, the store torchrun's rendezvous
+    hosts, binds every interface even when given 127.0.0.1, unlike helpers.launch's store."""
+    store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+    ours = _loopback_store(1, 10.0)
+    try:
+        listening = listening_addresses([os.getpid()])
+        assert {f"0.0.0.0:{store.port}", f"[::]:{store.port}"} & set(listening)
+        assert f"{LOOPBACK}:{ours.port}" in listening
+    finally:
+        del store, ours
 
 
 def _can_make_namespaces() -> str | None:
