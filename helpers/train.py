@@ -162,8 +162,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("one run per launch: give one --global-batch and one --epochs")
     if args.checkpoint_every < 1:
         p.error(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}")
-    if args.inject_kill and not args.checkpoint_dir:
+    fault = args.inject_kill
+    if fault and not args.checkpoint_dir:
         p.error("--inject-kill needs --checkpoint-dir: without checkpoints there is no resuming")
+    if fault and fault.during_save and fault.step % args.checkpoint_every:
+        p.error(
+            f"--inject-kill {fault}: no checkpoint is saved at step {fault.step}; choose a "
+            f"multiple of --checkpoint-every {args.checkpoint_every}"
+        )
     return args
 
 
@@ -279,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             show_progress=lead and sys.stderr.isatty(),
         )
         validate(config, env.world_size, len(data.y_train))
+        if args.inject_kill and args.inject_kill.rank >= env.world_size:
+            raise ValueError(
+                f"--inject-kill {args.inject_kill}: there is no rank "
+                f"{args.inject_kill.rank} among {env.world_size} workers"
+            )
     except (ValueError, HARDataError) as err:
         if lead:
             print(f"error: {err}", file=sys.stderr)
@@ -294,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     note = gloo_interface_notice()
     if note and lead:
         print(note, file=sys.stderr)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # NCCL's collectives, gather_object too, use this GPU
     _join(env, backend_for(device))
     try:
         report = train_worker(env.rank, env.world_size, config, spec, device)

@@ -72,6 +72,10 @@ def test_a_killed_worker_is_restarted_and_resumes_from_the_last_checkpoint(in_no
         (["--inject-kill", "1:5"], "needs --checkpoint-dir"),
         (["--inject-kill", "one"], "RANK:STEP"),
         (["--checkpoint-every", "0", "--checkpoint-dir", "x"], "at least 1"),
+        (
+            ["--checkpoint-dir", "x", "--checkpoint-every", "5", "--inject-kill", "0:7:save"],
+            "no checkpoint is saved at step 7",
+        ),
         (["--lr", "0"], "--lr must be above 0"),
     ],
 )
@@ -88,6 +92,13 @@ def test_a_training_that_cannot_split_is_refused_before_it_starts(capsys, monkey
     assert train.main(["--global-batch", "100000", "--data", "recordings"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: global batch 100000 is larger") and "\n" not in err
+    assert (
+        train.main(["--checkpoint-dir", "x", "--inject-kill", "1:5", "--data", "recordings"]) == 2
+    )
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --inject-kill 1:5: there is no rank 1 among 1 workers"
+    )
 
 
 def test_backend_follows_the_device():
@@ -104,6 +115,8 @@ def test_the_scheduler_files_run_the_same_entry_point_and_options():
     assert args.checkpoint_dir is not None, "a long run on a cluster saves checkpoints"
     for words in commands.values():
         assert words[0] == "torchrun" and words[words.index("--max-restarts") + 1] == "1"
+        assert words[words.index("--nproc-per-node") + 1] == "2"
+        assert words.index("--nnodes") < words.index("-m")  # torchrun's, on every node
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
