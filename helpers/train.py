@@ -186,7 +186,9 @@ def rerun_command(args: argparse.Namespace, env: WorkerEnv, source: str, threads
     if not env.under_torchrun:
         words = ["python", "-m", "helpers.train"]
     elif env.nodes == 1:
-        words = ["torchrun", "--nproc-per-node", str(env.local_world_size), "-m", "helpers.train"]
+        # --standalone: a rendezvous on this machine, at a free port
+        words = ["torchrun", "--standalone", "--nproc-per-node", str(env.local_world_size)]
+        words += ["-m", "helpers.train"]
     else:
         words = [
             "torchrun",

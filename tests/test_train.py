@@ -44,7 +44,7 @@ def test_torchrun_ends_with_the_notebook_launchers_weights(in_notebook):
     assert run["replicas_identical"] and run["world"] == 2
     assert [r["RANK"] for r in run["ranks"]] == ["0", "1"]
     assert {r["MASTER_ADDR"] for r in run["ranks"]} == {"127.0.0.1"}
-    assert "rerun: " in done.stdout and "torchrun --nproc-per-node 2" in done.stdout
+    assert "rerun: " in done.stdout and "torchrun --standalone --nproc-per-node 2 -m" in done.stdout
 
 
 def test_two_nodes_on_one_machine_do_the_same_training(in_notebook):
