@@ -243,15 +243,16 @@ def _join(env: WorkerEnv, backend: str) -> None:
 
 def recovery_text(report: dict, env: WorkerEnv, fault: Fault | None) -> str:
     """What checkpointing did in this run, in one line."""
-    saved = ", ".join(map(str, report["checkpoints_saved"])) or "none"
+    steps = ", ".join(map(str, report["checkpoints_saved"]))
+    saved = f"saved checkpoints at steps {steps}" if steps else "saved no checkpoint"
     if env.restart_count == 0:
-        line = f"checkpoints saved at steps {saved}"
+        line = f"this run {saved}"
         return line + (
             f"; resumed from step {report['resumed_from']}" if report["resumed_from"] else ""
         )
     line = (
         f"torchrun restarted the group {env.restart_count} time(s); it resumed from step "
-        f"{report['resumed_from']} and saved checkpoints at steps {saved}"
+        f"{report['resumed_from']} and {saved}"
     )
     if fault is not None:
         when = "while saving step" if fault.during_save else "after step"
