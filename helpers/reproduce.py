@@ -66,6 +66,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="world sizes to run (default: 1 2 4; 1 is always the baseline)",
     )
+    add_run_options(p)
+    args = p.parse_args(argv)
+    if min(args.workers) < 1:
+        p.error(f"--workers must be at least 1, got {min(args.workers)}")
+    return check_run_options(p, args)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options of a run, shared with ``python -m helpers.train`` (torchrun's entry point)."""
     p.add_argument(
         "--global-batch",
         type=int,
@@ -110,15 +119,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="PATH",
         help="also write machine facts, the data source and every run to PATH",
     )
-    args = p.parse_args(argv)
+
+
+def check_run_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in and check the options of ``add_run_options``; a bad one ends in one line."""
     if args.epochs and not args.global_batch:
         args.global_batch = [256]
     if args.global_batch and not args.epochs:
         args.epochs = [5]
     if args.epochs and len(args.epochs) not in (1, len(args.global_batch)):
         p.error("give one --epochs value, or one per --global-batch value")
-    if min(args.workers) < 1:
-        p.error(f"--workers must be at least 1, got {min(args.workers)}")
     if args.threads_per_worker is not None and args.threads_per_worker < 1:
         p.error(f"--threads-per-worker must be at least 1, got {args.threads_per_worker}")
     if not args.lr > 0:
@@ -173,7 +183,8 @@ def print_table(
         flag = "  OVERSUBSCRIBED" if r.oversubscribed else ""
         print(
             f"{r.world:>7} {r.threads_per_worker:>7} {r.seconds:>8.2f} {r.startup_seconds:>10.2f} "
-            f"{s:>7.2f}x {efficiency(s, r.world):>10.0%} {r.accuracy:>8.2%}  "
+            + (f"{s:>7.2f}x {efficiency(s, r.world):>10.0%} " if base else f"{'-':>8} {'-':>10} ")
+            + f"{r.accuracy:>8.2%}  "
             f"{'yes' if r.replicas_identical else 'NO':<18}  {r.checksums[0]:.6f}{flag}"
         )
     for reason in skipped:

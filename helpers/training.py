@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers import comm_hooks
 from helpers.buckets import bucket_plan
+from helpers.checkpoint import Checkpointer, CheckpointSpec
 from helpers.comm_hooks import CommHook
 from helpers.data import HARData, load_har
 from helpers.launch import WorldPlan, available_cores, launch
@@ -147,7 +148,7 @@ def weights_digest(model: nn.Module) -> str:
     """SHA-256 of every weight's bytes: replicas are identical only if these match exactly."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -195,7 +196,9 @@ def wrap_model(model: nn.Module, config: TrainConfig, comm_log: list | None = No
     nothing. Under DDP, with the configured bucket cap and communication hook (notebook 06;
     bucket timings appended to ``comm_log`` if given)."""
     if config.sync == "ddp":
-        model = DDP(model, bucket_cap_mb=config.bucket_cap_mb)
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        device_ids = None if on_cpu else [next(model.parameters()).device]
+        model = DDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
         comm_hooks.register(model, config.comm_hook, config.powersgd_rank, comm_log)
         return model
     if config.sync == "fsdp2":
@@ -320,19 +323,22 @@ def train_steps(
     world_size: int = 1,
     evaluate: Callable[[nn.Module], float] | None = None,
     after_step: AfterStep | None = None,
+    checkpoint: Checkpointer | None = None,
 ) -> Loop:
     """The training loop, on one screen: every epoch the same order on every worker, every step
     this rank's slice of the global batch. The model comes wrapped (DDP, FSDP2) or not; the
     loop is the same. The training time is ``perf_counter()`` afterwards minus ``clock_start``
     minus ``eval_seconds``. ``after_step(step, model, optimizer)``, if given, runs after every
-    step (notebook 07 accounts memory there)."""
+    step (notebook 07 accounts memory there). With a ``checkpoint``, it starts from the latest
+    checkpoint (the same epoch and step within it) and saves as it goes (notebook 08)."""
     optimizer = make_optimizer(model, config)
     steps, last = steps_per_epoch(len(X), config.global_batch), total_steps(config, len(X))
     losses = torch.zeros(last if config.record_loss else 0)
-    accuracies, eval_seconds, step, clock_start = [], 0.0, 0, time.perf_counter()
-    for epoch in range(config.epochs):
+    start = checkpoint.restore(model, optimizer, losses, steps) if checkpoint else 0
+    accuracies, eval_seconds, step, clock_start = [], 0.0, start, time.perf_counter()
+    for epoch in range(start // steps, config.epochs):
         order = worker_order(len(X), epoch, rank, config.order_per_rank)
-        for i in range(steps):
+        for i in range(start % steps if epoch == start // steps else 0, steps):
             if step == last:
                 break
             if step == config.untimed_steps > 0:
@@ -351,6 +357,8 @@ def train_steps(
             if after_step is not None:
                 after_step(step, model, optimizer)
             step += 1
+            if checkpoint:
+                checkpoint.after_step(model, optimizer, losses, step, steps, last)
         else:  # a whole epoch: evaluate after it
             if evaluate is not None:
                 started = time.perf_counter()
@@ -399,11 +407,26 @@ def _report(net: nn.Module, data: HARData, config: TrainConfig, **fields) -> dic
     }
 
 
-def build_model(config: TrainConfig, rank: int = 0, comm_log: list | None = None) -> nn.Module:
-    """This rank's model from the configured seed, wrapped as ``config.sync`` asks (``wrap_model``;
-    under DDP with its bucket timings appended to ``comm_log`` if given)."""
+def build_model(
+    config: TrainConfig, rank: int = 0, comm_log: list | None = None, device: str = "cpu"
+) -> nn.Module:
+    """This rank's model from the configured seed, on ``device``, wrapped as ``config.sync`` asks
+    (``wrap_model``; under DDP with its bucket timings appended to ``comm_log`` if given)."""
     torch.manual_seed(config.seed + (rank if config.seed_per_rank else 0))
-    return wrap_model(make_model(config), config, comm_log)
+    return wrap_model(make_model(config).to(device), config, comm_log)
+
+
+def run_identity(config: TrainConfig) -> dict:
+    """What makes two runs the same training, for refusing to resume another run's checkpoint
+    (the world size is not in it: every world size does the same training)."""
+    keys = ("global_batch", "epochs", "max_steps", "lr", "seed", "data", "sync", "optimizer",
+            "hidden", "hidden_layers", "accumulation_steps", "powersgd_rank", "seed_per_rank",
+            "order_per_rank")  # fmt: skip
+    return {
+        **{k: getattr(config, k) for k in keys},
+        "schedule": repr(config.schedule),
+        "comm_hook": config.comm_hook.value,
+    }
 
 
 class Probe(Protocol):
@@ -420,24 +443,43 @@ class Probe(Protocol):
 
 
 def train_worker(
-    rank: int, world_size: int, config: TrainConfig, probe: Probe | None = None
+    rank: int,
+    world_size: int,
+    config: TrainConfig,
+    probe: Probe | None = None,
+    checkpoint: CheckpointSpec | None = None,
+    device: str = "cpu",
 ) -> dict:
-    """One worker's share of the training. Runs inside a process group (``helpers.launch``)."""
-    return train_worker_many(rank, world_size, [config], probe)[0]
+    """One worker's share of the training. Runs inside a process group (``helpers.launch``, or
+    torchrun through ``helpers.train``). With ``checkpoint``, resumes from its latest checkpoint
+    and saves every ``checkpoint.every`` steps. ``device``: "cpu", or "cuda:N" under NCCL."""
+    return train_worker_many(rank, world_size, [config], probe, checkpoint, device)[0]
 
 
 def train_worker_many(
-    rank: int, world_size: int, configs: Sequence[TrainConfig], probe: Probe | None = None
+    rank: int,
+    world_size: int,
+    configs: Sequence[TrainConfig],
+    probe: Probe | None = None,
+    checkpoint: CheckpointSpec | None = None,
+    device: str = "cpu",
 ) -> list[dict]:
     """One worker's share of several trainings, one after the other, in one process group: the
     start-up (processes, imports, data) is paid once. Every config must name the same data."""
     if len({c.data for c in configs}) > 1:
         raise ValueError("the trainings of one launch must use the same data source")
+    if checkpoint is not None and len(configs) > 1:
+        raise ValueError("a checkpoint folder holds one training: launch the others without it")
     data = load_har(configs[0].data, download=False)
-    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
+    X, y = torch.from_numpy(data.X_train).to(device), torch.from_numpy(data.y_train).to(device)
     for config in configs:
         validate(config, world_size, len(X))
-    return [_train_one(rank, world_size, config, data, X, y, probe) for config in configs]
+        if config.record_accuracy and device != "cpu":
+            raise ValueError("record_accuracy evaluates on the CPU: train on the CPU to record it")
+    return [
+        _train_one(rank, world_size, config, data, X, y, probe, checkpoint, device)
+        for config in configs
+    ]
 
 
 def _train_one(
@@ -448,15 +490,18 @@ def _train_one(
     X: torch.Tensor,
     y: torch.Tensor,
     probe: Probe | None = None,
+    checkpoint: CheckpointSpec | None = None,
+    device: str = "cpu",
 ) -> dict:
     if probe is not None:
         probe.start(rank, world_size)
-    model = build_model(config, rank)
+    model = build_model(config, rank, device=device)
+    saver = Checkpointer(checkpoint, run_identity(config), rank) if checkpoint else None
     dist.barrier()  # start the clock when every worker is ready
     ready_at = time.time()
     evaluate = test_accuracy_of(data) if config.record_accuracy else None
     after_step = probe.after_step if probe is not None else None
-    loop = train_steps(model, X, y, config, rank, world_size, evaluate, after_step)
+    loop = train_steps(model, X, y, config, rank, world_size, evaluate, after_step, saver)
     seconds = time.perf_counter() - loop.clock_start - loop.eval_seconds
     losses, epoch_accuracies = loop.losses, loop.epoch_accuracies
     probed = probe.finish(model, loop.optimizer) if probe is not None else None
@@ -464,7 +509,7 @@ def _train_one(
     if config.record_loss and config.sync != "none":
         dist.all_reduce(losses)  # equal slices: the global loss is the mean of the local ones
         losses /= world_size
-    net = unwrapped(model, config)
+    net = unwrapped(model, config).cpu()
     return _report(
         net,
         data,
@@ -476,6 +521,8 @@ def _train_one(
         losses=losses.tolist(),
         epoch_accuracies=epoch_accuracies,
         probe=probed,
+        resumed_from=saver.resumed_from if saver else 0,
+        checkpoints_saved=saver.saved if saver else [],
     )
 
 
@@ -555,30 +602,29 @@ def run_trainings(
         train_worker_many, world, configs, threads_per_worker=threads_per_worker, **launch_options
     )
     return [
-        _result(
+        summarise(
             [reports[i] for reports in per_rank],
             config,
-            world,
             threads_per_worker,
-            oversubscribed,
             asked_at,
-            data.source,
+            oversubscribed,
         )
         for i, config in enumerate(configs)
     ]
 
 
-def _result(
+def summarise(
     reports: list[dict],
     config: TrainConfig,
-    world: int,
     threads_per_worker: int,
-    oversubscribed: bool,
     asked_at: float,
-    data_source: str,
+    oversubscribed: bool = False,
 ) -> RunResult:
+    """One ``RunResult`` from every rank's ``train_worker`` report, in rank order (whoever
+    launched them: ``helpers.launch`` or torchrun). ``asked_at``: ``time.time()`` when the
+    workers were asked for."""
     return RunResult(
-        world=world,
+        world=len(reports),
         global_batch=config.global_batch,
         epochs=config.epochs,
         threads_per_worker=threads_per_worker,
@@ -589,7 +635,7 @@ def _result(
         checksums=[r["checksum"] for r in reports],
         accuracies=[r["accuracy"] for r in reports],
         steps=reports[0]["steps"],
-        data_source=data_source,
+        data_source=reports[0]["data_source"],
         oversubscribed=oversubscribed,
         losses=reports[0]["losses"],
         weights=[r["weights"] for r in reports],

@@ -1,0 +1,189 @@
+"""Two "machines" on one Linux host: two network namespaces joined by a veth pair, each with its
+own address, optionally with the link's bandwidth limited by ``tc`` to a real network's.
+
+Needs root and iproute2 (``ip``, ``tc``). ``veth_pair()`` creates them and removes them again;
+``python -m helpers.netns`` measures the all-reduce across the pair, unlimited and at 10 and
+1 Gbit/s, and fits ``t = alpha + beta * bytes`` to each (notebook 02's model), then says what
+notebook 04's speed-up model predicts with that beta::
+
+    sudo .venv/bin/python -m helpers.netns            # about a minute
+
+A veth pair copies bytes in the kernel, so without a limit it is as fast as loopback; the limit
+(a token bucket filter on each end's outgoing traffic) is what makes it a network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+INTERFACE = "ddp0"  # the veth end's name inside each namespace: one GLOO_SOCKET_IFNAME for both
+RATES = {"unlimited": None, "10 Gbit/s": 10e9, "1 Gbit/s": 1e9}
+
+
+@dataclass(frozen=True)
+class VethPair:
+    namespaces: tuple[str, str]
+    addresses: tuple[str, str]
+    interface: str = INTERFACE
+
+    @property
+    def prefixes(self) -> list[list[str]]:
+        """The command that runs a program inside each namespace."""
+        return [["ip", "netns", "exec", ns] for ns in self.namespaces]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextmanager
+def veth_pair(rate_bits: float | None = None) -> Iterator[VethPair]:
+    """Two fresh network namespaces joined by a veth pair (10.R.R.1 and .2, /24), loopback up
+    in each; with ``rate_bits``, each end sends at most that many bits per second. Removed on
+    exit, whatever happens."""
+    tag = uuid.uuid4().hex[:6]
+    ns = (f"ddp{tag}a", f"ddp{tag}b")
+    subnet = f"10.{int(tag[:2], 16)}.{int(tag[2:4], 16)}"
+    addresses = (f"{subnet}.1", f"{subnet}.2")
+    made: list[str] = []
+    try:
+        for name in ns:
+            _ip("netns", "add", name)
+            made.append(name)
+        _ip("link", "add", f"v{tag}a", "type", "veth", "peer", "name", f"v{tag}b")
+        for end, name, address in zip("ab", ns, addresses, strict=True):
+            _ip("link", "set", f"v{tag}{end}", "netns", name)
+            _ip("-n", name, "link", "set", f"v{tag}{end}", "name", INTERFACE)
+            _ip("-n", name, "addr", "add", f"{address}/24", "dev", INTERFACE)
+            _ip("-n", name, "link", "set", INTERFACE, "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+            if rate_bits:
+                burst = max(32_000, int(rate_bits / 8 / 1000))  # a millisecond of traffic
+                subprocess.run(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        name,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        INTERFACE,
+                        "root",
+                        "tbf",
+                        "rate",
+                        f"{int(rate_bits)}bit",
+                        "burst",
+                        str(burst),
+                        "latency",
+                        "100ms",
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+        yield VethPair(ns, addresses)
+    finally:
+        for name in made:  # removing a namespace removes its end of the pair, and so the pair
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+# --------------------------------------------------------------------------- the measurement
+
+
+def _worker(rank: int, address: str, port: int, sizes: list[int], repeats: int) -> None:
+    import torch.distributed as dist
+
+    from helpers.collectives import time_allreduce
+
+    os.environ["GLOO_SOCKET_IFNAME"] = INTERFACE
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{address}:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=120),
+    )
+    try:
+        rows = time_allreduce(rank, 2, sizes, repeats=repeats, warmup=2)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        print(json.dumps(rows))
+
+
+def measure(rate_bits: float | None, sizes: list[int], repeats: int = 7) -> list[dict]:
+    """All-reduce times between the two namespaces, one worker (1 thread) in each."""
+    with veth_pair(rate_bits) as pair:
+        port = 29400
+        procs = [
+            subprocess.Popen(
+                [
+                    *prefix,
+                    sys.executable,
+                    "-m",
+                    "helpers.netns",
+                    "--worker",
+                    str(rank),
+                    pair.addresses[0],
+                    str(port),
+                    str(repeats),
+                    *map(str, sizes),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            for rank, prefix in enumerate(pair.prefixes)
+        ]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"a worker failed (exit codes {[p.returncode for p in procs]})")
+    return json.loads(outs[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m helpers.netns", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=7, help="timed calls per size (median)")
+    args = p.parse_args(argv)
+    if args.worker:
+        rank, address, port, repeats, *sizes = args.worker
+        _worker(int(rank), address, int(port), [int(s) for s in sizes], int(repeats))
+        return 0
+    if os.geteuid() != 0:
+        print("error: network namespaces need root: run it with sudo", file=sys.stderr)
+        return 2
+    from helpers.comm_model import fit_alpha_beta
+    from helpers.scaling import GRADIENT_BYTES
+
+    sizes = [4096 * 4**k for k in range(7)]  # 4 KiB to 16 MiB
+    results = {}
+    for name, rate in RATES.items():
+        print(f"  measuring across the veth pair, {name} ...", file=sys.stderr, flush=True)
+        rows = measure(rate, sizes, args.repeats)
+        fit = fit_alpha_beta([r["bytes"] for r in rows], [r["seconds"] for r in rows])
+        results[name] = fit
+        print(
+            f"{name:>10}: {fit}; the MLP's {GRADIENT_BYTES:,} gradient bytes all-reduced in "
+            f"{fit.predict(GRADIENT_BYTES) * 1e3:.1f} ms"
+        )
+        for r in rows:
+            print(f"{'':>12}{r['bytes']:>10,} bytes  {r['seconds'] * 1e3:8.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""helpers.checkpoint: a resumed training ends with the weights of one never stopped, bit for bit,
+and a save killed half-way leaves the previous checkpoint to resume from."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from helpers import checkpoint as ck
+from helpers.data import load_har
+from helpers.model import make_mlp
+from helpers.training import TrainConfig, run_identity, train_steps, weights_digest
+
+# 7,415 recordings / 2048 = 3 steps per epoch, 6 in all; a checkpoint every 2 steps
+CONFIG = TrainConfig(global_batch=2048, epochs=2, data="recordings", record_loss=True)
+EVERY = 2
+
+
+class Killed(Exception):
+    """Stands for SIGKILL, which would end this test process too."""
+
+
+@pytest.fixture(scope="module")
+def data():
+    har = load_har("recordings")
+    return torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
+
+
+@pytest.fixture(autouse=True)
+def _raise_instead_of_sigkill(monkeypatch):
+    def kill():
+        raise Killed
+
+    monkeypatch.setattr(ck, "_kill", kill)
+
+
+def train(data, root: Path | None = None, fault: ck.Fault | None = None, config=CONFIG):
+    """One training in this process (one thread, so that the sums are always added alike)."""
+    torch.set_num_threads(1)
+    torch.manual_seed(config.seed)
+    model = make_mlp()
+    saver = None
+    if root is not None:
+        saver = ck.Checkpointer(
+            ck.CheckpointSpec(str(root), EVERY, fault=fault), run_identity(config)
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loop = train_steps(model, *data, config, checkpoint=saver)
+    return weights_digest(model), loop.losses, saver
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data):
+    digest, losses, _ = train(data)
+    return digest, losses
+
+
+def test_resuming_after_a_kill_gives_the_same_weights_bit_for_bit(data, uninterrupted, tmp_path):
+    with pytest.raises(Killed):
+        train(data, tmp_path, ck.Fault(0, 5))  # killed after step 5, mid epoch 2
+    assert ck.latest(tmp_path).name == "step-000004"
+    digest, losses, saver = train(data, tmp_path)
+    assert saver.resumed_from == 4  # epoch 1, step 1 within it: the data order is restored
+    assert digest == uninterrupted[0]
+    assert torch.equal(losses, uninterrupted[1])  # the losses before the kill were saved too
+    assert ck.saved_steps(tmp_path) == [4, 6]  # keep=2: the oldest were removed
+
+
+def test_a_kill_during_a_save_loses_nothing(data, uninterrupted, tmp_path):
+    with pytest.raises(Killed):
+        train(data, tmp_path, ck.Fault(0, 4, during_save=True))
+    partial = tmp_path / ".step-000004.partial"
+    assert any(partial.glob("*.distcp")), "the killed save had written its files"
+    assert ck.latest(tmp_path).name == "step-000002"  # still the previous, complete one
+    digest, _, saver = train(data, tmp_path)
+    assert saver.resumed_from == 2
+    assert not partial.exists(), "the next start removes what the killed save left"
+    assert digest == uninterrupted[0]
+
+
+def test_a_checkpoint_holds_model_optimizer_epoch_and_step(data, tmp_path):
+    with pytest.raises(Killed):
+        train(data, tmp_path, ck.Fault(0, 3))
+    meta = dcp.FileSystemReader(ck.latest(tmp_path)).read_metadata()
+    keys = set(meta.state_dict_metadata)
+    assert {"model.0.weight", "model.4.bias", "losses"} <= keys
+    assert {"progress.epoch", "progress.step_in_epoch", "progress.step"} <= keys
+    assert any(k.startswith("optimizer.param_groups") for k in keys)
+
+
+def test_another_runs_checkpoints_are_refused_in_one_line(data, tmp_path):
+    with pytest.raises(Killed):
+        train(data, tmp_path, ck.Fault(0, 2))
+    with pytest.raises(ck.CheckpointError, match="differs in lr") as err:
+        train(
+            data,
+            tmp_path,
+            config=TrainConfig(global_batch=2048, epochs=2, lr=0.1, data="recordings"),
+        )
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["1", "a:3", "1:0x", "1:3:now", "1:2:3:save"])
+def test_bad_fault_drills_are_refused(text):
+    with pytest.raises(ValueError, match="RANK:STEP"):
+        ck.Fault.parse(text)
+    with pytest.raises(ValueError, match="counts from 1"):
+        ck.Fault.parse("1:0")
+
+
+def test_fault_drills_parse():
+    assert ck.Fault.parse("1:30") == ck.Fault(1, 30)
+    assert ck.Fault.parse("0:8:save") == ck.Fault(0, 8, during_save=True)

@@ -1,0 +1,166 @@
+"""python -m helpers.train under torchrun: the notebook launcher's training, on one node or two,
+surviving a killed worker; the scheduler files run the same command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from helpers import train
+from helpers.cluster import listening_addresses, run_torchrun, scheduler_commands, train_args_of
+from helpers.launch import LOOPBACK, _loopback_store
+from helpers.training import TrainConfig, run_training
+
+# 7,415 recordings / 2048 = 3 steps per epoch: 6 steps, a few seconds per launch
+ARGS = [
+    "--global-batch",
+    "2048",
+    "--epochs",
+    "2",
+    "--data",
+    "recordings",
+    "--threads-per-worker",
+    "1",
+]
+
+
+@pytest.fixture(scope="module")
+def in_notebook():
+    """The same training through helpers.launch, as the notebooks run it."""
+    return run_training(2, TrainConfig(global_batch=2048, epochs=2, data="recordings"))
+
+
+def test_torchrun_ends_with_the_notebook_launchers_weights(in_notebook):
+    done = run_torchrun(ARGS, nproc_per_node=2)
+    assert done.returncodes == [0], done.stderr[0]
+    run = done.run
+    assert run["checksums"] == in_notebook.checksums  # exactly: the same weights
+    assert run["replicas_identical"] and run["world"] == 2
+    assert [r["RANK"] for r in run["ranks"]] == ["0", "1"]
+    assert {r["MASTER_ADDR"] for r in run["ranks"]} == {"127.0.0.1"}
+    assert "rerun: " in done.stdout and "torchrun --standalone --nproc-per-node 2 -m" in done.stdout
+
+
+def test_two_nodes_on_one_machine_do_the_same_training(in_notebook):
+    done = run_torchrun(ARGS, nproc_per_node=1, nnodes=2)
+    assert done.returncodes == [0, 0], done.stderr
+    assert done.run["checksums"] == in_notebook.checksums
+    assert sorted(r["GROUP_RANK"] for r in done.run["ranks"]) == ["0", "1"]
+
+
+def test_a_killed_worker_is_restarted_and_resumes_from_the_last_checkpoint(in_notebook, tmp_path):
+    checkpoints = ["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
+    done = run_torchrun([*ARGS, *checkpoints, "--inject-kill", "1:5"], max_restarts=1)
+    assert done.returncodes == [0], done.stderr[0]
+    assert done.lines("exitcode: -9"), "rank 1 died of SIGKILL"
+    run = done.run
+    assert (run["restarts"], run["resumed_from"]) == (1, 4)
+    assert "1 step(s) redone" in done.stdout
+    assert run["checksums"] == in_notebook.checksums  # the uninterrupted run's weights
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--global-batch", "256", "512"], "one run per launch"),
+        (["--inject-kill", "1:5"], "needs --checkpoint-dir"),
+        (["--inject-kill", "one"], "RANK:STEP"),
+        (["--checkpoint-every", "0", "--checkpoint-dir", "x"], "at least 1"),
+        (
+            ["--checkpoint-dir", "x", "--checkpoint-every", "5", "--inject-kill", "0:7:save"],
+            "no checkpoint is saved at step 7",
+        ),
+        (["--lr", "0"], "--lr must be above 0"),
+    ],
+)
+def test_bad_options_end_in_one_line(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_training_that_cannot_split_is_refused_before_it_starts(capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert train.main(["--global-batch", "100000", "--data", "recordings"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: global batch 100000 is larger") and "\n" not in err
+    assert (
+        train.main(["--checkpoint-dir", "x", "--inject-kill", "1:5", "--data", "recordings"]) == 2
+    )
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --inject-kill 1:5: there is no rank 1 among 1 workers"
+    )
+
+
+def test_backend_follows_the_device():
+    assert train.backend_for("cuda:1") == "nccl"
+    assert train.backend_for("cpu") == "gloo"
+
+
+def test_the_scheduler_files_run_the_same_entry_point_and_options():
+    commands = scheduler_commands()
+    assert set(commands) == {"slurm", "kubernetes"}
+    options = {name: train_args_of(words) for name, words in commands.items()}
+    assert options["slurm"] == options["kubernetes"]
+    args = train.parse_args(options["slurm"])  # options helpers.train accepts
+    assert args.checkpoint_dir is not None, "a long run on a cluster saves checkpoints"
+    for words in commands.values():
+        assert words[0] == "torchrun" and words[words.index("--max-restarts") + 1] == "1"
+        assert words[words.index("--nproc-per-node") + 1] == "2"
+        assert words.index("--nnodes") < words.index("-m")  # torchrun's, on every node
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
+def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
+    """What the security notes say: torch 2.13's TCPStore, the store torchrun's rendezvous
+    hosts, binds every interface even when given 127.0.0.1, unlike helpers.launch's store."""
+    store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+    ours = _loopback_store(1, 10.0)
+    try:
+        listening = listening_addresses([os.getpid()])
+        assert {f"0.0.0.0:{store.port}", f"[::]:{store.port}"} & set(listening)
+        assert f"{LOOPBACK}:{ours.port}" in listening
+    finally:
+        del store, ours
+
+
+def _can_make_namespaces() -> str | None:
+    """Why the network-namespace test cannot run here, or None if it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root (ip netns add)"
+    if shutil.which("ip") is None:
+        return "needs the ip command (iproute2)"
+    probe = f"ddpprobe{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], check=True)
+    return None
+
+
+@pytest.mark.skipif(_can_make_namespaces() is not None, reason=str(_can_make_namespaces()))
+def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(in_notebook):
+    from helpers.netns import veth_pair
+
+    with veth_pair() as pair:
+        done = run_torchrun(
+            ARGS,
+            nproc_per_node=1,
+            nnodes=2,
+            prefixes=pair.prefixes,
+            endpoint=f"{pair.addresses[0]}:29400",
+            local_addrs=list(pair.addresses),
+            env={"GLOO_SOCKET_IFNAME": pair.interface},
+        )
+    assert done.returncodes == [0, 0], done.stderr
+    assert done.run["checksums"] == in_notebook.checksums
+    assert {r["MASTER_ADDR"] for r in done.run["ranks"]} <= set(pair.addresses)
