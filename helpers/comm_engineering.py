@@ -5,8 +5,12 @@
 * ``time_variants``: step times of DDP variants (bucket caps, hooks, accumulation), all in one
   launch, interleaved over repeats so that a burst of load hits every variant alike, beside one
   worker's step time measured the same way;
-* the tables the notebook reads (``speedup_table``, ``bytes_table``) and the step-time model with
-  overlap and compression (``model_step_seconds``).
+* the tables the notebook reads (``speedup_table``, ``bytes_table``), the step-time model with
+  overlap and compression (``model_step_seconds``, ``model_speedups``), and the goal: the best
+  speed-up among the techniques that keep the accuracy (``best_within_tolerance``) beside the
+  ceiling with communication free (``communication_free_ceiling``);
+* the activations autograd keeps for backward, counted (``activation_bytes``) and seen
+  (``saved_activation_bytes``).
 
 The training loop is ``helpers.training``'s; the buckets and the overlap model are
 ``helpers.buckets``'s; the hooks ``helpers.comm_hooks``'s.
@@ -64,6 +68,10 @@ TIMED_STEPS = 4
 REPEATS = 3
 BATCHES = (256, 2048)
 GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
+# One worker's step on a quiet machine, from issue 9's quick check (1 worker x 1 thread, random
+# data of HAR's shape: 23.1 ms at global batch 256, 156 ms at 2048, the straight line through
+# them): a fixed reference for the model's claims, where this machine's own fit moves with load.
+QUIET_COMPUTE = ComputeModel(c0=4.1e-3, c1=74e-6)
 
 
 @dataclass(frozen=True)
@@ -191,26 +199,39 @@ def time_variants(
     alone (a plain model, the whole global batch, ``threads_per_worker`` threads), in one launch:
     ``repeats`` rounds, each timing one worker and then every variant in turn, so that a burst of
     load hits them alike. Each run is a fresh model timed after ``UNTIMED_STEPS``; the figure is
-    the median over the rounds of the slowest worker's time. Returns the variants' table
-    (variant, global_batch, step_seconds, replicas_identical in every round) and one worker's
-    (global_batch, step_seconds)."""
+    the median over the rounds of the slowest worker's time (``timing_rows``)."""
     har = load_har(data)
     points = [(v, b) for b in batches for v in variants]
     configs = [v.config(timing_config(b, len(har.X_train), har.source)) for v, b in points]
     found = launch(timing_worker, world, configs, repeats, threads_per_worker=threads_per_worker)[0]
+    return timing_rows([(v.name, b) for v, b in points], found)
+
+
+def timing_rows(
+    points: Sequence[tuple[str, int]], found: dict
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``timing_worker``'s rounds as tables: the variants' (variant, global_batch, step_seconds:
+    the median over the rounds, min_seconds and max_seconds: the fastest and the slowest round,
+    replicas_identical in every round), in the order of ``points``, and one worker's
+    (global_batch, step_seconds, min_seconds, max_seconds)."""
+
+    def spread(times: Sequence[float]) -> dict:
+        return {
+            "step_seconds": statistics.median(times),
+            "min_seconds": min(times),
+            "max_seconds": max(times),
+        }
+
     rows = [
         {
-            "variant": v.name,
+            "variant": name,
             "global_batch": b,
-            "step_seconds": statistics.median(s for s, _ in found["variants"][i]),
+            **spread([s for s, _ in found["variants"][i]]),
             "replicas_identical": all(same for _, same in found["variants"][i]),
         }
-        for i, (v, b) in enumerate(points)
+        for i, (name, b) in enumerate(points)
     ]
-    one = [
-        {"global_batch": b, "step_seconds": statistics.median(times)}
-        for b, times in sorted(found["alone"].items())
-    ]
+    one = [{"global_batch": b, **spread(times)} for b, times in sorted(found["alone"].items())]
     return pd.DataFrame(rows), pd.DataFrame(one)
 
 
@@ -221,13 +242,17 @@ def speedup_table(timed: pd.DataFrame, one: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedup_text(table: pd.DataFrame) -> str:
-    """Variants down, batches across: milliseconds per step and speed-up."""
-    shown = table.assign(
-        cell=[
-            f"{s * 1e3:7.1f} ms {x:5.2f}x"
-            for s, x in zip(table["step_seconds"], table["speedup"], strict=True)
-        ]
-    )
+    """Variants down, batches across: milliseconds per step (the median over the rounds, and in
+    brackets the fastest and the slowest round, where the table has them) and speed-up."""
+    spread = {"min_seconds", "max_seconds"} <= set(table.columns)
+
+    def cell(row) -> str:  # noqa: ANN001
+        text = f"{row.step_seconds * 1e3:7.1f} ms"
+        if spread:
+            text += f" [{row.min_seconds * 1e3:.1f}-{row.max_seconds * 1e3:.1f}]"
+        return f"{text} {row.speedup:5.2f}x"
+
+    shown = table.assign(cell=[cell(row) for row in table.itertuples()])
     wide = shown.pivot(index="variant", columns="global_batch", values="cell")
     wide = wide.reindex(list(dict.fromkeys(table["variant"])))
     wide.columns = [f"global batch {b}" for b in wide.columns]
@@ -410,6 +435,50 @@ def model_step_seconds(
     return step + compress_seconds
 
 
+def model_speedups(
+    variants: Sequence[Variant],
+    compute: ComputeModel,
+    comm: AlphaBeta,
+    batches: Sequence[float],
+    world: int = 2,
+    compress_seconds: dict[str, float] | None = None,
+) -> pd.DataFrame:
+    """The model's speed-up over one worker (``compute.predict(B)``) of each variant at each
+    global batch: ``model_step_seconds`` with the variant's buckets and hook, its bytes and calls,
+    and ``compress_seconds[variant name]`` of compression compute (0 where not given). Variants
+    with accumulation are left out: the model has no term for a micro-batch's fixed costs.
+    Columns variant, global_batch, speedup."""
+    compress_seconds = compress_seconds or {}
+    rows = [
+        {
+            "variant": v.name,
+            "global_batch": b,
+            "speedup": compute.predict(b)
+            / model_step_seconds(
+                compute,
+                comm,
+                b,
+                world,
+                bucket_cap_mb=v.bucket_cap_mb,
+                hook=v.comm_hook,
+                rank=v.powersgd_rank,
+                compress_seconds=compress_seconds.get(v.name, 0.0),
+            ),
+        }
+        for v in variants
+        if v.accumulation_steps == 1
+        for b in batches
+    ]
+    return pd.DataFrame(rows)
+
+
+def communication_free_ceiling(compute: ComputeModel, global_batch: float, world: int = 2) -> float:
+    """The speed-up ``world`` workers would reach if communication cost nothing:
+    ``(c0 + c1 B) / (c0 + c1 B / N)``. No communication technique can go beyond it; for
+    ``c0 >= 0`` it lies between 1 and ``N``."""
+    return float(compute.predict(global_batch) / compute.predict(global_batch / world))
+
+
 def deep_mlp(layers: int, width: int = 1024) -> nn.Module:
     """An MLP of ``layers`` square layers on the meta device (shapes only, no memory)."""
     with torch.device("meta"):
@@ -486,13 +555,46 @@ def _pipeline_of(compute, comm, global_batch, world, model) -> tuple[float, bk.P
 
 
 def activation_bytes(batch: int, model: nn.Module | None = None) -> int:
-    """Bytes of the activations one worker keeps for backward on ``batch`` samples: the input
-    and every layer's output (float32). Accumulating over ``k`` micro-batches needs those of one
-    micro-batch only, since each micro-batch's backward frees them before the next."""
+    """Bytes of the activations autograd keeps for backward on ``batch`` samples of an MLP of
+    linear layers with ReLUs between them and a cross-entropy loss, in float32: the input (for
+    the first layer's weight gradient), each ReLU's output (which the ReLU's backward and the next
+    layer's weight gradient both use: one tensor, kept once) and the log-softmax's output (for the
+    loss's backward). The linear layers' outputs before the ReLUs are not kept. Accumulating over
+    ``k`` micro-batches needs those of one micro-batch only, since each micro-batch's backward
+    frees them before the next. ``saved_activation_bytes`` checks it against autograd."""
     model = model or make_mlp()
     layers = mlp_layers(model)
-    per_sample = layers[0][0] + sum(2 * n_out for _, n_out in layers[:-1]) + layers[-1][1]
+    per_sample = layers[0][0] + sum(n_out for _, n_out in layers[:-1]) + layers[-1][1]
     return 4 * batch * per_sample
+
+
+def saved_activation_bytes(batch: int, model: nn.Module | None = None) -> int:
+    """Bytes of the activations autograd actually keeps for one forward of ``model`` and its
+    cross-entropy loss on ``batch`` random samples, as ``torch.autograd.graph.saved_tensors_hooks``
+    sees them: every tensor saved for backward, each storage counted once (a ReLU's output is
+    saved by the ReLU and by the next layer), leaving out the model's parameters (saved by the
+    layers, but no activations) and what has no row per sample (the labels, which are integers,
+    and the loss's scalar weight)."""
+    model = model or make_mlp()
+    n_in = mlp_layers(model)[0][0]
+    n_out = mlp_layers(model)[-1][1]
+    X = torch.randn(batch, n_in, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(batch) % n_out
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        is_activation = t.is_floating_point() and t.dim() >= 1 and t.shape[0] == batch
+        if is_activation and storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = t  # kept alive, so no other tensor reuses the address
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = nn.functional.cross_entropy(model(X), y)
+    total = sum(t.untyped_storage().nbytes() for t in saved.values())
+    del loss
+    return total
 
 
 def compression_seconds(
@@ -554,6 +656,23 @@ def train_hooks(
     return run_trainings(
         world, [replace(v.config(base), return_weights=True) for v in variants], threads_per_worker
     )
+
+
+def best_within_tolerance(
+    table: pd.DataFrame,
+    accuracy: dict[str, float],
+    reference_accuracy: float,
+    tolerance: float,
+    global_batch: int = 256,
+) -> pd.DataFrame:
+    """The rows of ``speedup_table``'s table at ``global_batch`` whose variant's test accuracy
+    (``accuracy``, by variant name; variants without one are left out) lies within
+    ``tolerance`` of ``reference_accuracy``, fastest first, with their accuracy and its gap."""
+    rows = table[(table["global_batch"] == global_batch) & table["variant"].isin(list(accuracy))]
+    rows = rows.assign(accuracy=rows["variant"].map(accuracy))
+    rows = rows.assign(accuracy_gap=(rows["accuracy"] - reference_accuracy).abs())
+    kept = rows[rows["accuracy_gap"] <= tolerance + 1e-12]
+    return kept.sort_values("speedup", ascending=False).reset_index(drop=True)
 
 
 # --------------------------------------------------------------------------- command line

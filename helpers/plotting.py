@@ -298,3 +298,76 @@ def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
     ax.set_title(f"What a worker holds: its tensors against its peak RSS\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------ notebook 06: techniques, summary
+
+
+def plot_technique_speedups(
+    measured: pd.DataFrame,
+    model: pd.DataFrame,
+    panels: dict[str, list[str]],
+    banner: str,
+    ceiling: pd.DataFrame | None = None,
+    goal: tuple[int, float] | None = None,
+    world: int = 2,
+) -> Figure:
+    """Speed-up of ``world`` workers over one against the global batch (log-2 axis), one panel
+    per entry of ``panels`` (title: the variants it shows), one colour per variant, the same in
+    every panel: measured points as markers, the model as a line. ``measured`` and ``model`` have
+    columns variant, global_batch, speedup; ``ceiling`` (global_batch, speedup), the speed-up with
+    communication free, is drawn dotted in every panel, and ``goal`` (global batch, speed-up) as
+    a star."""
+    from math import ceil, floor, log2
+
+    from matplotlib.lines import Line2D
+
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6.0 * len(panels), 6.0), sharey=True, squeeze=False
+    )
+    colours = {}
+    for names in panels.values():
+        for name in names:
+            colours.setdefault(name, f"C{len(colours) % 10}")
+    tops = [float(world), measured["speedup"].max(), model["speedup"].max()]
+    if ceiling is not None:
+        tops.append(ceiling["speedup"].max())
+    low, high = model["global_batch"].min(), model["global_batch"].max()
+    powers = {2**k for k in range(ceil(log2(low)), floor(log2(high)) + 1)}
+    batches = sorted(powers | {int(b) for b in measured["global_batch"]})
+    for ax, (title, names) in zip(axes[0], panels.items(), strict=True):
+        handles = []
+        for name in names:
+            colour = colours[name]
+            line = model[model["variant"] == name].sort_values("global_batch")
+            ax.plot(line["global_batch"], line["speedup"], "-", color=colour, lw=1.5)
+            points = measured[measured["variant"] == name].sort_values("global_batch")
+            ax.plot(points["global_batch"], points["speedup"], "o", color=colour, ms=7)
+            handles.append(Line2D([], [], color=colour, marker="o", lw=1.5, label=name))
+        if ceiling is not None:
+            c = ceiling.sort_values("global_batch")
+            handles += ax.plot(c["global_batch"], c["speedup"], ":", color="black", lw=1.5,
+                               label="communication free (the ceiling)")  # fmt: skip
+        if goal is not None:
+            label = f"goal: {goal[1]:g}x at {goal[0]}"
+            handles += ax.plot([goal[0]], [goal[1]], "*", color="black", ms=14,
+                               markerfacecolor="none", label=label)  # fmt: skip
+        handles.append(ax.axhline(1.0, color="grey", lw=1, label="1 worker (break-even)"))
+        handles.append(ax.axhline(world, color="grey", lw=1, ls="--", label=f"ideal, {world}x"))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.minorticks_off()
+        ax.set_ylim(0, 1.1 * max(tops))
+        ax.set_xlabel("global batch size (samples per step, all workers together)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13),
+                  ncol=2)  # fmt: skip
+    axes[0, 0].set_ylabel(f"speed-up of {world} workers over 1 (x)")
+    fig.suptitle(
+        f"Speed-up of {world} workers against global batch: points measured (medians), lines the "
+        f"model\n{banner}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return fig

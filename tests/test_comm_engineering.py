@@ -1,5 +1,6 @@
 """Notebook 06: DDP's buckets as DDP builds them, gradient accumulation with and without
-no_sync(), the hooks Gloo refuses and the configuration of PowerSGD that works on it."""
+no_sync(), the hooks Gloo refuses and the configuration of PowerSGD that works on it, the fp16
+hook's rounding, the activations autograd keeps, and the tables and figure of the summary."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
+import torch
 import workers
 
 from helpers import buckets as bk
+from helpers import comm_engineering as ce
 from helpers.comm_engineering import ONE_BUCKET_MB, model_step_seconds
 from helpers.comm_hooks import POWERSGD_START_ITER, CommHook, bytes_per_step
 from helpers.comm_model import AlphaBeta
@@ -116,3 +120,100 @@ def test_max_steps_stops_mid_epoch_without_evaluating_a_partial_epoch():
     mid_epoch = TrainConfig(global_batch=2048, epochs=2, max_steps=2, data="standin")
     run = train_in_process(replace(mid_epoch, record_accuracy=True), 1)
     assert run.steps == 2 and run.epoch_accuracies == []
+
+
+def test_fp16_hook_equals_the_plain_all_reduce_to_fp16_rounding():
+    """2 Gloo workers, the same model, each its own data: the fp16 hook's averaged gradient is
+    DDP's plain one to within fp16's rounding, and not bitwise (it really rounds)."""
+    ranks = launch(workers.fp16_and_plain_gradients, 2)
+    local0, local1 = ranks[0]["local"], ranks[1]["local"]
+    plain, fp16 = ranks[0]["plain"], ranks[0]["fp16"]
+    assert all(torch.equal(r["plain"], plain) and torch.equal(r["fp16"], fp16) for r in ranks)
+    exact = (local0 + local1) / 2
+    mean_abs = (local0.abs() + local1.abs()) / 2
+    # the plain all-reduce: float32 sums, rounded to float32's 24-bit significand
+    assert torch.all((plain - exact).abs() <= 2**-23 * mean_abs + 1e-30)
+    # fp16 has an 11-bit significand: each rounding errs by at most u = 2**-11 of its value, and
+    # by half the smallest subnormal step (2**-25) below fp16's normal range (6.1e-5). The hook
+    # rounds each rank's gradient to fp16 (u |g_r|, halving it is exact but for subnormals), then
+    # the sum (u |mean|, at most u mean_abs): 2u mean_abs, plus float32's rounding of the plain
+    # all-reduce (1% of u covers it), plus 4 subnormal half-steps
+    bound = 2.01 * 2**-11 * mean_abs + 4 * 2**-25
+    assert torch.all((fp16 - plain).abs() <= bound)
+    assert not torch.equal(fp16, plain)
+    # and the bound is no blanket: the errors reach a sizeable part of it
+    assert ((fp16 - plain).abs() / bound).max() > 0.2
+
+
+def test_activation_bytes_are_what_autograd_saves():
+    # the input, each ReLU's output and the log-softmax: 561 + 1024 + 1024 + 6 floats a sample
+    assert ce.activation_bytes(1) == 4 * (561 + 1024 + 1024 + 6)
+    for batch in (1, 64, 256):
+        assert ce.saved_activation_bytes(batch) == ce.activation_bytes(batch)
+    deeper = make_mlp(n_features=20, hidden=30, hidden_layers=4)
+    assert ce.saved_activation_bytes(5, deeper) == ce.activation_bytes(5, deeper)
+    assert ce.activation_bytes(5, deeper) == 4 * 5 * (20 + 4 * 30 + 6)
+
+
+def test_timing_rows_give_the_median_and_the_spread_of_the_rounds():
+    found = {
+        "variants": [[(0.3, True), (0.1, True), (0.2, True)], [(1.0, True), (3.0, False)]],
+        "alone": {2048: [4.0, 2.0, 3.0], 256: [0.5, 0.7]},
+    }
+    timed, one = ce.timing_rows([("a", 256), ("b", 2048)], found)
+    a = timed.set_index("variant").loc["a"]
+    assert (a["step_seconds"], a["min_seconds"], a["max_seconds"]) == (0.2, 0.1, 0.3)
+    assert list(timed["replicas_identical"]) == [True, False]
+    assert list(one["global_batch"]) == [256, 2048]
+    assert list(one["step_seconds"]) == [0.6, 3.0] and list(one["max_seconds"]) == [0.7, 4.0]
+    text = ce.speedup_text(ce.speedup_table(timed, one))
+    assert "[100.0-300.0]" in text and "3.00x" in text  # a: 600 ms alone / 200 ms
+
+
+def test_the_goal_picks_the_fastest_technique_within_the_accuracy_tolerance():
+    table = pd.DataFrame(
+        {
+            "variant": ["base", "fast but worse", "a bit faster", "base", "untrained"],
+            "global_batch": [256, 256, 256, 2048, 256],
+            "speedup": [1.0, 1.6, 1.1, 1.5, 9.0],
+        }
+    )
+    accuracy = {"base": 0.80, "fast but worse": 0.75, "a bit faster": 0.805}
+    best = ce.best_within_tolerance(table, accuracy, 0.80, 0.01)
+    assert list(best["variant"]) == ["a bit faster", "base"]
+    assert best["accuracy_gap"].iloc[0] == pytest.approx(0.005)
+    compute = ComputeModel(c0=4e-3, c1=80e-6)
+    ceiling = ce.communication_free_ceiling(compute, 256)
+    assert ceiling == pytest.approx((4e-3 + 80e-6 * 256) / (4e-3 + 80e-6 * 128))
+    assert ce.communication_free_ceiling(ComputeModel(0.0, 1e-4), 256) == pytest.approx(2.0)
+    # the model's speed-ups stay below the ceiling, and cheaper bytes bring them closer
+    comm = AlphaBeta(alpha=2e-4, beta=8e-9)
+    variants = (ce.BUCKET_VARIANTS[2], ce.HOOK_VARIANTS[0], ce.ACCUMULATION_VARIANTS[0])
+    model = ce.model_speedups(variants, compute, comm, [256, 2048]).set_index(
+        ["variant", "global_batch"]
+    )["speedup"]
+    assert len(model) == 4  # accumulation is not modelled
+    assert model.max() < ceiling
+    assert model[(ce.HOOK_VARIANTS[0].name, 256)] > model[(ce.BUCKET_VARIANTS[2].name, 256)]
+
+
+def test_plot_technique_speedups_draws_every_variant_and_names_the_data():
+    from helpers.plotting import plot_technique_speedups
+
+    measured = pd.DataFrame(
+        {"variant": ["a", "a", "b", "b"], "global_batch": [256, 2048] * 2,
+         "speedup": [1.1, 1.6, 1.0, 1.5]}
+    )  # fmt: skip
+    model = pd.DataFrame(
+        {"variant": ["a", "a", "b", "b"], "global_batch": [64, 4096] * 2,
+         "speedup": [1.2, 1.9, 1.1, 1.8]}
+    )  # fmt: skip
+    ceiling = pd.DataFrame({"global_batch": [64, 4096], "speedup": [1.3, 2.0]})
+    panels = {"panel A": ["a"], "panel B": ["b"]}
+    fig = plot_technique_speedups(measured, model, panels, "DATA BANNER", ceiling, goal=(256, 1.5))
+    assert len(fig.axes) == 2 and "DATA BANNER" in fig.get_suptitle()
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "a" in labels and "b" not in labels and "goal: 1.5x at 256" in labels
+    assert "communication free (the ceiling)" in labels
+    assert len(fig.axes[0].get_lines()) >= 2  # a's model line and its measured points
+    assert fig.axes[1].get_xscale() == "log"

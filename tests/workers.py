@@ -175,3 +175,32 @@ def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int
     state = register(model, CommHook.POWER_SGD, rank_r)
     train(model, TrainConfig())
     return {"rebuilt": rebuilt, "calls": calls, "powersgd": list(state.compression_stats())}
+
+
+def fp16_and_plain_gradients(rank: int, world: int) -> dict:
+    """For notebook 06's tests: one backward of the same model on this rank's own data, three
+    ways: alone (this rank's gradient), under DDP's plain all-reduce, under DDP with the fp16
+    hook. Returns each as one flat float64 tensor."""
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from helpers.comm_hooks import CommHook, register
+    from helpers.model import make_mlp
+
+    X = torch.randn(64, 561, generator=torch.Generator().manual_seed(rank))
+    y = torch.randint(0, 6, (64,), generator=torch.Generator().manual_seed(100 + rank))
+
+    def gradient(hook: CommHook | None) -> torch.Tensor:
+        torch.manual_seed(0)  # the same weights on every rank and for every variant
+        model = make_mlp()
+        if hook is not None:
+            model = DDP(model)
+            register(model, hook)
+        F.cross_entropy(model(X), y).backward()
+        return torch.cat([p.grad.ravel() for p in model.parameters()]).double()
+
+    return {
+        "local": gradient(None),
+        "plain": gradient(CommHook.ALLREDUCE),
+        "fp16": gradient(CommHook.FP16),
+    }
