@@ -138,7 +138,9 @@ def run_torchrun(
         report_path = Path(tmp) / "report.json"
         procs, commands = [], []
         for node in range(nnodes):
-            args = [*train_args, "--json", str(report_path)] if node == 0 else train_args
+            # every node gets --json: the rendezvous, not --node-rank, decides which node holds
+            # global rank 0, and only that rank writes the report and prints the results
+            args = [*train_args, "--json", str(report_path)]
             argv = torchrun_argv(
                 args, nproc_per_node, endpoint, nnodes, node, max_restarts, local_addrs[node]
             )
@@ -165,8 +167,9 @@ def run_torchrun(
                 p.communicate()
             raise
         report = json.loads(report_path.read_text()) if report_path.exists() else None
+    lead_stdout = next((out for out, _ in outputs if out.strip()), outputs[0][0])
     return TorchrunRun(
-        commands, [p.returncode for p in procs], outputs[0][0], [err for _, err in outputs], report
+        commands, [p.returncode for p in procs], lead_stdout, [err for _, err in outputs], report
     )
 
 

@@ -3,8 +3,9 @@ own address, optionally with the link's bandwidth limited by ``tc`` to a real ne
 
 Needs root and iproute2 (``ip``, ``tc``). ``veth_pair()`` creates them and removes them again;
 ``python -m helpers.netns`` measures the all-reduce across the pair, unlimited and at 10 and
-1 Gbit/s, and fits ``t = alpha + beta * bytes`` to each (notebook 02's model), then says what
-notebook 04's speed-up model predicts with that beta::
+1 Gbit/s, fits ``t = alpha + beta * bytes`` to each (notebook 02's model) and says how long the
+MLP's gradient takes at each; notebook 08 puts the measured beta into notebook 04's speed-up
+model::
 
     sudo .venv/bin/python -m helpers.netns            # about a minute
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -39,6 +41,20 @@ class VethPair:
     def prefixes(self) -> list[list[str]]:
         """The command that runs a program inside each namespace."""
         return [["ip", "netns", "exec", ns] for ns in self.namespaces]
+
+
+def why_no_namespaces() -> str | None:
+    """Why this process cannot make network namespaces, or None if it can (root and ``ip``)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "needs root (ip netns add)"
+    if shutil.which("ip") is None:
+        return "needs the ip command (iproute2)"
+    probe = f"ddpprobe{uuid.uuid4().hex[:6]}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], check=True)
+    return None
 
 
 def _ip(*args: str) -> None:
@@ -141,15 +157,19 @@ def measure(rate_bits: float | None, sizes: list[int], repeats: int = 7) -> list
                     *map(str, sizes),
                 ],
                 stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,  # c10d's warnings; shown only if a worker fails
                 text=True,
                 env={**os.environ, "OMP_NUM_THREADS": "1"},
             )
             for rank, prefix in enumerate(pair.prefixes)
         ]
-        outs = [p.communicate(timeout=300)[0] for p in procs]
+        outs = [p.communicate(timeout=300) for p in procs]
         if any(p.returncode for p in procs):
-            raise RuntimeError(f"a worker failed (exit codes {[p.returncode for p in procs]})")
-    return json.loads(outs[0])
+            last = [err.strip().splitlines()[-1:] for _, err in outs]
+            raise RuntimeError(
+                f"a worker failed (exit codes {[p.returncode for p in procs]}): {last}"
+            )
+    return json.loads(outs[0][0])
 
 
 def main(argv: list[str] | None = None) -> int:

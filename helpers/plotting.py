@@ -273,6 +273,7 @@ def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("milliseconds from the start of the step (rank 0)")
     fig.suptitle(f"One training step: compute and communication\n{banner}", fontsize=10)
+    return fig
 
 
 # --------------------------------------------------------------------------- notebook 07: sharding

@@ -4,9 +4,6 @@ surviving a killed worker; the scheduler files run the same command."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ import torch.distributed as dist
 from helpers import train
 from helpers.cluster import listening_addresses, run_torchrun, scheduler_commands, train_args_of
 from helpers.launch import LOOPBACK, _loopback_store
+from helpers.netns import why_no_namespaces
 from helpers.training import TrainConfig, run_training
 
 # 7,415 recordings / 2048 = 3 steps per epoch: 6 steps, a few seconds per launch
@@ -133,21 +131,7 @@ def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
         del store, ours
 
 
-def _can_make_namespaces() -> str | None:
-    """Why the network-namespace test cannot run here, or None if it can."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "needs root (ip netns add)"
-    if shutil.which("ip") is None:
-        return "needs the ip command (iproute2)"
-    probe = f"ddpprobe{uuid.uuid4().hex[:6]}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create a network namespace here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], check=True)
-    return None
-
-
-@pytest.mark.skipif(_can_make_namespaces() is not None, reason=str(_can_make_namespaces()))
+@pytest.mark.skipif(why_no_namespaces() is not None, reason=str(why_no_namespaces()))
 def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(in_notebook):
     from helpers.netns import veth_pair
 
