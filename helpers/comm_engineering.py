@@ -49,6 +49,7 @@ from helpers.model import gradient_bytes, make_mlp
 from helpers.scaling import ComputeModel
 from helpers.training import (
     RunResult,
+    Sync,
     TrainConfig,
     build_model,
     epochs_for_min_steps,
@@ -84,10 +85,12 @@ class Variant:
     powersgd_rank: int = 1
     accumulation_steps: int = 1
     sync_every_micro_batch: bool = False
+    sync: Sync = "ddp"  # "none": the workers never communicate (the ceiling, measured)
 
     def config(self, base: TrainConfig) -> TrainConfig:
         return replace(
             base,
+            sync=self.sync,
             bucket_cap_mb=self.bucket_cap_mb,
             comm_hook=self.comm_hook,
             powersgd_rank=self.powersgd_rank,
