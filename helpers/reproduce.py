@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.data import SOURCES, HARDataError, HARSpec, load_har
+from helpers.data import SOURCES, HARData, HARDataError, HARSpec, load_har
 from helpers.data.files import atomic_write
 from helpers.launch import (
     CORES_ENV,
@@ -277,17 +277,24 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     if args.json:
-        report = {
-            "machine": facts,
-            "data_source": data.source,
-            "data": data.banner,
-            "threads_per_worker": threads,
-            "rerun": rerun,
-            "runs": records,
-        }
-        atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=2).encode()))
-        print(f"wrote {args.json}")
+        write_report(args.json, facts, data, threads, rerun, records)
     return 0
+
+
+def write_report(
+    path: Path, facts: dict, data: HARData, threads: int, rerun: str, records: list[dict]
+) -> None:
+    """The ``--json`` report of a run (also ``helpers.train``'s), written whole or not at all."""
+    report = {
+        "machine": facts,
+        "data_source": data.source,
+        "data": data.banner,
+        "threads_per_worker": threads,
+        "rerun": rerun,
+        "runs": records,
+    }
+    atomic_write(path, lambda f: f.write(json.dumps(report, indent=2).encode()))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

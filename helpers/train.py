@@ -16,7 +16,6 @@ worker. Without torchrun it runs one worker.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -30,7 +29,6 @@ import torch.distributed as dist
 
 from helpers.checkpoint import CheckpointError, CheckpointSpec, Fault
 from helpers.data import HARDataError, load_har
-from helpers.data.files import atomic_write
 from helpers.launch import (
     CORES_ENV,
     DEFAULT_COLLECTIVE_TIMEOUT,
@@ -48,6 +46,7 @@ from helpers.reproduce import (
     check_run_options,
     check_writable,
     print_table,
+    write_report,
 )
 from helpers.training import TrainConfig, summarise, train_worker, validate
 
@@ -356,16 +355,7 @@ def _print_results(args, env, data, config, threads, oversubscribed, reports, st
             "checkpoints_saved": reports[0]["checkpoints_saved"],
             "ranks": [r["env"] for r in reports],
         }
-        report = {
-            "machine": facts,
-            "data_source": data.source,
-            "data": data.banner,
-            "threads_per_worker": threads,
-            "rerun": rerun,
-            "runs": [record],
-        }
-        atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=2).encode()))
-        print(f"wrote {args.json}")
+        write_report(args.json, facts, data, threads, rerun, [record])
     return 0
 
 
