@@ -17,6 +17,7 @@ Guarantees a notebook needs:
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -217,17 +218,27 @@ def _worker_main(
         )
         try:
             value = fn(rank, world_size, *args, **kwargs)
-        finally:
+            # Plain pickle, not the queue's: torch would share tensors through shared memory
+            # that vanishes when this process exits, before the caller has read them.
+            try:
+                payload = pickle.dumps(value)
+            except Exception as exc:
+                raise TypeError(
+                    f"the return value cannot be pickled ({type(exc).__name__}: {exc}); "
+                    f"{PLAIN_DATA}"
+                ) from exc
+            # Every rank done, so that no collective of fn's is still in flight on Gloo's
+            # threads when the group is torn down: a work released on one of those threads
+            # while the group is destroyed can abort the process (std::terminate).
+            dist.barrier()
+        except BaseException:
             dist.destroy_process_group()
-        # Plain pickle, not the queue's: torch would share tensors through shared memory that
-        # vanishes when this process exits, before the caller has read them.
-        try:
-            payload = pickle.dumps(value)
-        except Exception as exc:
-            raise TypeError(
-                f"the return value cannot be pickled ({type(exc).__name__}: {exc}); {PLAIN_DATA}"
-            ) from exc
-        results.put(("ok", rank, payload))
+            raise
+        results.put(("ok", rank, payload))  # before the teardown: nothing after it can lose it
+        results.close()
+        results.join_thread()  # the queue's thread has written it to the pipe
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything must reach the caller
         results.put(("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 

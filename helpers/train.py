@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         report["env"] = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
         reports = [None] * env.world_size if lead else None
         dist.gather_object(report, reports, dst=0)
+        dist.barrier()  # nothing in flight on Gloo's threads when the group is torn down
     except CheckpointError as err:
         if lead:
             print(f"error: {err}", file=sys.stderr)
