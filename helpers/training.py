@@ -196,8 +196,8 @@ def wrap_model(model: nn.Module, config: TrainConfig, comm_log: list | None = No
     nothing. Under DDP, with the configured bucket cap and communication hook (notebook 06;
     bucket timings appended to ``comm_log`` if given)."""
     if config.sync == "ddp":
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        device_ids = None if on_cpu else [next(model.parameters()).device]
+        device = next(model.parameters()).device
+        device_ids = None if device.type == "cpu" else [device]
         model = DDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
         comm_hooks.register(model, config.comm_hook, config.powersgd_rank, comm_log)
         return model
