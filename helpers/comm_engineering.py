@@ -56,8 +56,8 @@ from helpers.training import (
     run_trainings,
     torch_threads,
     train_steps,
-    validate,
     weights_digest,
+    worker_data,
 )
 
 GRADIENT_BYTES = gradient_bytes(make_mlp())
@@ -173,10 +173,7 @@ def timing_worker(rank: int, world_size: int, configs: Sequence[TrainConfig], re
     global batch starts, by one worker alone at that batch. Returns ``variants``: per config,
     ``(seconds per step, replicas identical)`` per round; ``alone``: per batch, one worker's
     seconds per step per round. Every rank returns the same."""
-    har = load_har(configs[0].data, download=False)
-    X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
-    for config in configs:
-        validate(config, world_size, len(X))
+    _, X, y = worker_data(configs, world_size)
     results: list[list[tuple[float, bool]]] = [[] for _ in configs]
     alone: dict[int, list[float]] = {}
     for _ in range(repeats):
@@ -329,10 +326,7 @@ def _timeline_one(rank: int, world_size: int, config: TrainConfig, X, y) -> dict
 def timeline_worker(rank: int, world_size: int, configs: Sequence[TrainConfig]) -> list[dict]:
     """Worker: for each config, train its steps and return the events of the last one, in
     seconds from its forward's start: layers' forward and backward, the optimizer, buckets."""
-    har = load_har(configs[0].data, download=False)
-    X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
-    for config in configs:
-        validate(config, world_size, len(X))
+    _, X, y = worker_data(configs, world_size)
     return [_timeline_one(rank, world_size, c, X, y) for c in configs]
 
 

@@ -456,6 +456,25 @@ def train_worker(
     return train_worker_many(rank, world_size, [config], probe, checkpoint, device)[0]
 
 
+def launch_data_source(configs: Sequence[TrainConfig]) -> str | None:
+    """The one data source of trainings launched together: a mix is refused."""
+    if len({c.data for c in configs}) > 1:
+        raise ValueError("the trainings of one launch must use the same data source")
+    return configs[0].data
+
+
+def worker_data(
+    configs: Sequence[TrainConfig], world_size: int, device: str = "cpu"
+) -> tuple[HARData, torch.Tensor, torch.Tensor]:
+    """Inside a worker: the training data the configs name, its split as tensors on ``device``,
+    every config checked against it (``validate``) before anything trains."""
+    data = load_har(launch_data_source(configs), download=False)
+    X, y = torch.from_numpy(data.X_train).to(device), torch.from_numpy(data.y_train).to(device)
+    for config in configs:
+        validate(config, world_size, len(X))
+    return data, X, y
+
+
 def train_worker_many(
     rank: int,
     world_size: int,
@@ -466,14 +485,10 @@ def train_worker_many(
 ) -> list[dict]:
     """One worker's share of several trainings, one after the other, in one process group: the
     start-up (processes, imports, data) is paid once. Every config must name the same data."""
-    if len({c.data for c in configs}) > 1:
-        raise ValueError("the trainings of one launch must use the same data source")
     if checkpoint is not None and len(configs) > 1:
         raise ValueError("a checkpoint folder holds one training: launch the others without it")
-    data = load_har(configs[0].data, download=False)
-    X, y = torch.from_numpy(data.X_train).to(device), torch.from_numpy(data.y_train).to(device)
+    data, X, y = worker_data(configs, world_size, device)
     for config in configs:
-        validate(config, world_size, len(X))
         if config.record_accuracy and device != "cpu":
             raise ValueError("record_accuracy evaluates on the CPU: train on the CPU to record it")
     return [
@@ -591,9 +606,7 @@ def run_trainings(
         )
     if not configs:
         raise ValueError("give at least one TrainConfig")
-    if len({c.data for c in configs}) > 1:
-        raise ValueError("the trainings of one launch must use the same data source")
-    data = load_har(configs[0].data)  # download or generate and cache once, here, not in N workers
+    data = load_har(launch_data_source(configs))  # downloaded or built once, not in every worker
     for config in configs:
         validate(config, world, len(data.X_train))
     configs = [replace(c, data=data.source) for c in configs]  # workers load what was resolved
