@@ -68,23 +68,23 @@ warm: $(INSTALLED)
 	$(PY) -m helpers.data
 	$(PY) -m helpers.data --data recordings
 	$(PY) -m helpers.data --data standin
-	MPLBACKEND=Agg $(PY) -c "import matplotlib.pyplot, pandas, torch.distributed, helpers.launch"
+	MPLBACKEND=Agg $(PY) -c "import matplotlib.pyplot, pandas, torch.distributed, helpers.dist.launch"
 
 ## notebooks: re-execute every notebook in place on the recordings, then normalise (commit the result)
 notebooks: $(INSTALLED)
 	for nb in $(NOTEBOOKS); do \
 		$(CHECKED) $(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False "$$nb" || exit 1; \
 	done
-	$(PY) -m helpers.notebook_tools normalise $(NOTEBOOKS)
+	$(PY) -m helpers.notebook.tools normalise $(NOTEBOOKS)
 
 ## normalise: drop run timestamps and kernel noise from the notebooks, without re-executing them
 normalise: $(INSTALLED)
-	$(PY) -m helpers.notebook_tools normalise $(NOTEBOOKS)
+	$(PY) -m helpers.notebook.tools normalise $(NOTEBOOKS)
 
 ## timings: time every notebook on the recordings, planning for CORES cores (default 2; it cannot add cores)
 timings: $(INSTALLED)
-	$(PY) -m helpers.notebook_timings --cores $(or $(CORES),2) $(NOTEBOOKS)
+	$(PY) -m helpers.notebook.timings --cores $(or $(CORES),2) $(NOTEBOOKS)
 
 ## student: the student edition in student/ (outputs cleared, solutions removed; not committed)
 student: $(INSTALLED)
-	$(PY) -m helpers.notebook_tools student --out student $(NOTEBOOKS)
+	$(PY) -m helpers.notebook.tools student --out student $(NOTEBOOKS)

@@ -24,15 +24,10 @@ from pathlib import Path
 
 from helpers.data import SOURCES, HARData, HARDataError, HARSpec, load_har
 from helpers.data.files import atomic_write
-from helpers.launch import (
-    CORES_ENV,
-    WorkerError,
-    WorldPlan,
-    default_threads_per_worker,
-    plan_world_sizes,
-)
-from helpers.measure import efficiency, machine_facts, speedup
+from helpers.dist.cores import CORES_ENV, WorldPlan, default_threads_per_worker, plan_world_sizes
+from helpers.dist.launch import WorkerError
 from helpers.training import RunResult, TrainConfig, run_training, validate
+from helpers.training.measure import efficiency, machine_facts, speedup
 
 EXPERIMENT_1 = [(256, 5)]
 EXPERIMENT_2 = [(256, 10), (2048, 40)]
@@ -166,13 +161,14 @@ def print_table(
     setting: Setting,
     runs: list[RunResult],
     skipped: list[str],
-    source: str,
+    banner: str,
     lr: float = TrainConfig.lr,
 ) -> None:
+    """The runs of one setting as a table, under a title naming the data (its ``banner``)."""
     base = next((r for r in runs if r.world == 1), None)
     print(
         f"\n{setting.title} -- global batch {setting.global_batch}, {setting.epochs} epochs, "
-        f"SGD lr {lr:g}, {source}"
+        f"SGD lr {lr:g}, {banner}"
     )
     print(
         f"{'workers':>7} {'threads':>7} {'train s':>8} {'start-up s':>10} {'speed-up':>8} "

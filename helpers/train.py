@@ -27,17 +27,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers.checkpoint import CheckpointError, CheckpointSpec, Fault
 from helpers.data import HARDataError, load_har
-from helpers.launch import (
-    CORES_ENV,
+from helpers.dist.checkpoint import CheckpointError, CheckpointSpec, Fault
+from helpers.dist.cores import CORES_ENV, default_threads_per_worker, plan_world_sizes
+from helpers.dist.launch import (
     DEFAULT_COLLECTIVE_TIMEOUT,
-    default_threads_per_worker,
     gloo_interface_notice,
     loopback_interface,
-    plan_world_sizes,
 )
-from helpers.measure import machine_facts
 from helpers.reproduce import (
     EXPERIMENT_1,
     OneLineParser,
@@ -49,6 +46,7 @@ from helpers.reproduce import (
     write_report,
 )
 from helpers.training import TrainConfig, summarise, train_worker, validate
+from helpers.training.measure import machine_facts
 
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 TORCHRUN_VARIABLES = (

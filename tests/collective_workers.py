@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from helpers.collectives import rank_data, ring_allreduce
+from helpers.dist.collectives import rank_data, ring_allreduce
 
 
 def _refuse(*args, **kwargs):

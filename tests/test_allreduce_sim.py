@@ -1,5 +1,5 @@
-"""Tests for helpers.allreduce_sim: the worked example, the two all-reduces, the byte counts and
-gradient averaging. The all-reduce tests use integer-valued floats so that any order of
+"""Tests for helpers.notebook.allreduce_sim: the worked example, the two all-reduces, the byte
+counts and gradient averaging. The all-reduce tests use integer-valued floats so that any order of
 additions gives the exact sum and the comparisons can be exact."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.allreduce_sim import (
+from helpers.notebook.allreduce_sim import (
     Transfer,
     allreduce_mean,
     bytes_sent_per_worker,

@@ -1,5 +1,5 @@
-"""helpers.checkpoint: a resumed training ends with the weights of one never stopped, bit for bit,
-and a save killed half-way leaves the previous checkpoint to resume from."""
+"""helpers.dist.checkpoint: a resumed training ends with the weights of one never stopped, bit for
+bit, and a save killed half-way leaves the previous checkpoint to resume from."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from helpers import checkpoint as ck
 from helpers.data import load_har
-from helpers.model import make_mlp
+from helpers.dist import checkpoint as ck
 from helpers.training import TrainConfig, run_identity, train_steps, weights_digest
+from helpers.training.model import make_mlp
 
 # 7,415 recordings / 2048 = 3 steps per epoch, 6 in all; a checkpoint every 2 steps
 CONFIG = TrainConfig(global_batch=2048, epochs=2, data="recordings", record_loss=True)

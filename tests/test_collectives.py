@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.collectives import collectives_tour, compare_ring_with_allreduce, rank_data
-from helpers.collectives import ring_allreduce as ring_allreduce_fn
-from helpers.comm_model import (
+from helpers.dist.collectives import collectives_tour, compare_ring_with_allreduce, rank_data
+from helpers.dist.collectives import ring_allreduce as ring_allreduce_fn
+from helpers.dist.comm_model import (
     DEFAULT_SIZES,
     AlphaBeta,
     fit_alpha_beta,
     measure_allreduce,
     ring_factor,
 )
-from helpers.launch import launch
+from helpers.dist.launch import launch
 
 # Lengths below, at and above the world size, none of them (except 2 for 2 workers) divisible
 # by it, plus one large enough that a message does not fit in a socket buffer.

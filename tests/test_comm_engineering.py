@@ -13,16 +13,16 @@ import pytest
 import torch
 import workers
 
-from helpers import buckets as bk
-from helpers import comm_engineering as ce
-from helpers.comm_engineering import ONE_BUCKET_MB, model_step_seconds
-from helpers.comm_hooks import POWERSGD_START_ITER, CommHook, bytes_per_step
-from helpers.comm_model import AlphaBeta
-from helpers.launch import launch
-from helpers.model import gradient_bytes, make_mlp
-from helpers.replicas import SAME_TRAINING_ATOL, gap_to_reference
-from helpers.scaling import ComputeModel
+from helpers.dist import buckets as bk
+from helpers.dist.comm_hooks import POWERSGD_START_ITER, CommHook, bytes_per_step
+from helpers.dist.comm_model import AlphaBeta
+from helpers.dist.launch import launch
+from helpers.experiments import comm_engineering as ce
+from helpers.experiments.comm_engineering import ONE_BUCKET_MB, model_step_seconds
+from helpers.experiments.replicas import SAME_TRAINING_ATOL, gap_to_reference
+from helpers.experiments.scaling import ComputeModel
 from helpers.training import TrainConfig, run_trainings, train_in_process, validate
+from helpers.training.model import gradient_bytes, make_mlp
 
 CAPS = [None, 0.001, 1, ONE_BUCKET_MB]
 STEPS = 5
@@ -198,7 +198,7 @@ def test_the_goal_picks_the_fastest_technique_within_the_accuracy_tolerance():
 
 
 def test_plot_technique_speedups_draws_every_variant_and_names_the_data():
-    from helpers.plotting import plot_technique_speedups
+    from helpers.notebook.plotting import plot_technique_speedups
 
     measured = pd.DataFrame(
         {"variant": ["a", "a", "b", "b"], "global_batch": [256, 2048] * 2,

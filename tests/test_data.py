@@ -35,13 +35,15 @@ from helpers.data import (
     HARSpec,
     download_har,
     extract_and_verify,
+    hapt_pickle,
     load_har,
     make_standin,
     resolve_root,
     resolve_source,
+    uci_fetch,
+    uci_verify,
 )
 from helpers.data import har as har_module
-from helpers.data import recordings as recordings_module
 from helpers.data import standin as standin_module
 from helpers.data import uci as uci_module
 
@@ -55,7 +57,7 @@ TINY = HARSpec(
 )
 
 
-REAL_OPEN = uci_module._open  # before the autouse fixture takes the network away
+REAL_OPEN = uci_fetch._open  # before the autouse fixture takes the network away
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -159,16 +161,16 @@ def isolated(monkeypatch, tmp_path):
     """No network (file:// URLs only), no HAR_DATA, and a throwaway default root."""
     monkeypatch.delenv("HAR_DATA", raising=False)
     monkeypatch.setenv("HAR_ROOT", str(tmp_path / "default-har"))
-    real_open = uci_module._open
+    real_open = uci_fetch._open
 
     def offline(url, timeout):
         if not url.startswith("file:"):
             raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
         return real_open(url, timeout)
 
-    monkeypatch.setattr(uci_module, "_open", offline)
-    monkeypatch.setattr(recordings_module, "MODULE", "no_such_module_hidden_by_the_tests")
-    monkeypatch.setattr(recordings_module, "PACKAGE", "no-such-package-hidden-by-the-tests")
+    monkeypatch.setattr(uci_fetch, "_open", offline)
+    monkeypatch.setattr(hapt_pickle, "MODULE", "no_such_module_hidden_by_the_tests")
+    monkeypatch.setattr(hapt_pickle, "PACKAGE", "no-such-package-hidden-by-the-tests")
     har_module._noticed.clear()
     uci_module._download_failed.clear()
 
@@ -180,7 +182,7 @@ def no_network(monkeypatch):
     def refuse(url, *args, **kwargs):
         raise AssertionError(f"unexpected network access: {url}")
 
-    monkeypatch.setattr(uci_module, "_open", refuse)
+    monkeypatch.setattr(uci_fetch, "_open", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -250,7 +252,7 @@ def test_full_size_archive_meets_the_real_spec(tmp_path, full_archive, standin, 
     root = tmp_path / "har"
     download_har(root, url=full_archive.as_uri(), progress=False)  # the real HARSpec
     assert np.loadtxt(root / "test" / "y_test.txt").shape == (2947,)
-    monkeypatch.setattr(uci_module, "_parse", None)  # from now on, parsing text would fail
+    monkeypatch.setattr(uci_verify, "_parse", None)  # from now on, parsing text would fail
     data = load_har("uci", root)  # so this is the binary cache, written at download time
     assert data.source == "uci" and data.X_train.shape == (7352, 561)
     np.testing.assert_allclose(data.X_train[0, :6], HARSpec().train_first_row, atol=1e-6)
@@ -422,7 +424,7 @@ def test_interrupted_download_removes_its_temporary_file(tmp_path, monkeypatch):
                 raise KeyboardInterrupt
             return super().read(size)
 
-    monkeypatch.setattr(uci_module, "_open", lambda url, timeout: Response(b"x" * 3_000_000))
+    monkeypatch.setattr(uci_fetch, "_open", lambda url, timeout: Response(b"x" * 3_000_000))
     root = tmp_path / "har"
     with pytest.raises(KeyboardInterrupt):
         download_har(root, spec=TINY, progress=False)
@@ -437,7 +439,7 @@ def test_interrupted_verification_removes_staging(tmp_path, monkeypatch):
         assert (folder / "train" / "X_train.txt").exists()  # extracted into staging by now
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(uci_module, "_verify_dir", interrupt)
+    monkeypatch.setattr(uci_fetch, "verify_dir", interrupt)
     with pytest.raises(KeyboardInterrupt):
         download_har(root, url=archive.as_uri(), spec=TINY, progress=False)
     assert contents(root) == []
@@ -447,7 +449,7 @@ def test_download_that_stops_short_is_refused(tmp_path, monkeypatch):
     class Response(io.BytesIO):
         headers = {"Content-Length": "1000"}
 
-    monkeypatch.setattr(uci_module, "_open", lambda url, timeout: Response(b"PK" * 100))
+    monkeypatch.setattr(uci_fetch, "_open", lambda url, timeout: Response(b"PK" * 100))
     root = tmp_path / "har"
     with pytest.raises(HARDataError, match="stopped at 200 of 1000 bytes"):
         download_har(root, spec=TINY, progress=False)
@@ -457,6 +459,7 @@ def test_download_that_stops_short_is_refused(tmp_path, monkeypatch):
 def test_a_broken_zip_makes_auto_fall_back_with_a_notice(tmp_path, capsys, monkeypatch):
     archive, _ = make_bad("unsupported-method", tmp_path / "archives")
     monkeypatch.setattr(uci_module, "UCI_URL", archive.as_uri())
+    monkeypatch.setattr(uci_fetch, "UCI_URL", archive.as_uri())
     monkeypatch.setattr(uci_module.download_har, "__defaults__", (archive.as_uri(),))
     data = load_har("auto", tmp_path / "har", spec=TINY)
     assert data.source == "standin"
@@ -471,7 +474,7 @@ def test_a_connection_cut_mid_download_makes_auto_fall_back(tmp_path, capsys, mo
         def read(self, size=-1):
             raise http.client.IncompleteRead(b"PK", 2998)
 
-    monkeypatch.setattr(uci_module, "_open", lambda url, timeout: Response())
+    monkeypatch.setattr(uci_fetch, "_open", lambda url, timeout: Response())
     root = tmp_path / "har"
     assert load_har("auto", root, spec=TINY).source == "standin"
     notice = capsys.readouterr().err
@@ -482,13 +485,13 @@ def test_a_connection_cut_mid_download_makes_auto_fall_back(tmp_path, capsys, mo
 
 
 def test_a_redirect_from_https_to_http_is_refused():
-    handler = uci_module._RefuseDowngrade()
+    handler = uci_fetch._RefuseDowngrade()
     request = urllib.request.Request("https://archive.ics.uci.edu/x.zip")
     with pytest.raises(urllib.error.URLError, match="refused a redirect from https"):
         handler.redirect_request(request, None, 302, "Found", {}, "http://evil.example/x.zip")
     followed = handler.redirect_request(request, None, 302, "Found", {}, "https://mirror/x.zip")
     assert followed.full_url == "https://mirror/x.zip"
-    assert any(isinstance(h, uci_module._RefuseDowngrade) for h in opener_handlers())
+    assert any(isinstance(h, uci_fetch._RefuseDowngrade) for h in opener_handlers())
 
 
 def opener_handlers() -> list:
@@ -515,8 +518,8 @@ def test_a_download_larger_than_the_cap_is_refused(tmp_path, monkeypatch, length
     class Response(io.BytesIO):
         headers = {"Content-Length": length} if length else {}
 
-    monkeypatch.setattr(uci_module, "MAX_DOWNLOAD_BYTES", 1000)
-    monkeypatch.setattr(uci_module, "_open", lambda url, timeout: Response(b"PK" * 2500))
+    monkeypatch.setattr(uci_fetch, "MAX_DOWNLOAD_BYTES", 1000)
+    monkeypatch.setattr(uci_fetch, "_open", lambda url, timeout: Response(b"PK" * 2500))
     root = tmp_path / "har"
     with pytest.raises(HARDataError, match="1000 bytes allowed"):
         download_har(root, spec=TINY, progress=False)
@@ -527,7 +530,7 @@ def test_a_download_larger_than_the_cap_is_refused(tmp_path, monkeypatch, length
 def test_an_archive_member_larger_than_the_cap_is_refused(tmp_path, monkeypatch, nested):
     make = nested_zip if nested else flat_zip
     archive = make(tmp_path / "archives" / "big.zip", har_files())
-    monkeypatch.setattr(uci_module, "MAX_MEMBER_BYTES", 300)  # X_train.txt is about 700 bytes
+    monkeypatch.setattr(uci_fetch, "MAX_MEMBER_BYTES", 300)  # X_train.txt is about 700 bytes
     root = tmp_path / "har"
     with pytest.raises(HARDataError, match="larger than 300 bytes") as err:
         download_har(root, url=archive.as_uri(), spec=TINY, progress=False)
@@ -555,7 +558,7 @@ def test_the_cache_key_is_taken_from_the_bytes_parsed(tmp_path, monkeypatch):
     the new file with the old file's arrays."""
     root = tmp_path / "har"
     install(root, har_files())
-    verify = uci_module._verify_dir
+    verify = uci_module.verify_dir
 
     def verify_then_edit(folder, spec):
         result = verify(folder, spec)
@@ -564,9 +567,9 @@ def test_the_cache_key_is_taken_from_the_bytes_parsed(tmp_path, monkeypatch):
         (root / "train" / "X_train.txt").write_bytes(table(X))  # written after it was parsed
         return result
 
-    monkeypatch.setattr(uci_module, "_verify_dir", verify_then_edit)
+    monkeypatch.setattr(uci_module, "verify_dir", verify_then_edit)
     load_har("uci", root, spec=TINY)
-    monkeypatch.setattr(uci_module, "_verify_dir", verify)
+    monkeypatch.setattr(uci_module, "verify_dir", verify)
     assert load_har("uci", root, spec=TINY).X_train[5, 1] == np.float32(-0.5)
 
 
@@ -594,7 +597,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 import test_data
 from helpers.data import FILES, download_har
-from helpers.data import uci
+from helpers.data import uci_fetch as uci
 
 root, archive, signal = Path({root!r}), {archive!r}, Path({signal!r})
 move = uci._move_into_place
@@ -733,13 +736,13 @@ def test_offline_uci_is_a_one_line_error_saying_what_to_do(tmp_path):
 
 def test_offline_auto_falls_back_with_one_notice(tmp_path, capsys, monkeypatch):
     tries = []
-    offline = uci_module._open
+    offline = uci_fetch._open
 
     def counting(url, timeout):
         tries.append(url)
         return offline(url, timeout)
 
-    monkeypatch.setattr(uci_module, "_open", counting)
+    monkeypatch.setattr(uci_fetch, "_open", counting)
     root = tmp_path / "har"
     first, second = load_har(root=root), load_har(root=root)
     assert first.source == second.source == "standin"
@@ -786,8 +789,8 @@ def test_cache_is_used_then_invalidated_when_the_text_changes(tmp_path, monkeypa
     assert (root / "cache" / "uci-X_train.npy").is_file()
 
     calls = []
-    parse = uci_module._parse
-    monkeypatch.setattr(uci_module, "_parse", lambda *a: calls.append(a[1]) or parse(*a))
+    parse = uci_verify._parse
+    monkeypatch.setattr(uci_verify, "_parse", lambda *a: calls.append(a[1]) or parse(*a))
     load_har("uci", root, spec=TINY)
     assert calls == []  # served from the cache
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from nbclient import NotebookClient
 
-from helpers.notebook_tools import PLACEHOLDER, exercises, is_normal, read, student_edition
+from helpers.notebook.tools import PLACEHOLDER, exercises, is_normal, read, student_edition
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # The cheapest notebook (NumPy only, seconds): the student edition is run up to its first exercise.

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from helpers.data import HARData
-from helpers.large_batch import (
+from helpers.experiments.large_batch import (
     BATCHES,
     LR_GRID,
     best_lr_table,
@@ -152,7 +152,7 @@ def test_the_tables_format():
 
 
 def test_goyal_comparison_counts_their_steps():
-    from helpers.large_batch import format_goyal, goyal_comparison
+    from helpers.experiments.large_batch import format_goyal, goyal_comparison
 
     table = goyal_comparison(7415, 2048, 3, 512, 4, 20, (0.2, 0.4)).set_index("")
     theirs, largest, warm = table.columns
@@ -166,7 +166,7 @@ def test_goyal_comparison_counts_their_steps():
 
 
 def test_the_noise_scale_pools_the_seeds_before_dividing():
-    from helpers.large_batch import format_noise_scale, noise_scale_during_training
+    from helpers.experiments.large_batch import format_noise_scale, noise_scale_during_training
     from helpers.training import TrainConfig
 
     config = TrainConfig(global_batch=50, lr=0.05, data="standin")
@@ -186,7 +186,7 @@ def test_the_noise_scale_pools_the_seeds_before_dividing():
 
 
 def test_the_noise_scale_interval_inverts_the_predicted_growth():
-    from helpers.large_batch import noise_scale_interval
+    from helpers.experiments.large_batch import noise_scale_interval
 
     def growth(b_noise: float) -> float:
         return float(predicted_best_lr(2048, 1, b_noise) / predicted_best_lr(64, 1, b_noise))

@@ -14,16 +14,13 @@ from pathlib import Path
 import pytest
 import workers
 
-from helpers.launch import (
-    WorkerError,
+from helpers.dist.cores import (
     available_cores,
     default_threads_per_worker,
-    gloo_interface_notice,
-    launch,
-    loopback_interface,
     machine_cores,
     plan_world_sizes,
 )
+from helpers.dist.launch import WorkerError, gloo_interface_notice, launch, loopback_interface
 
 
 def pid_alive(pid: int) -> bool:
@@ -78,7 +75,7 @@ def test_a_script_without_a_main_guard_gets_told_how_to_fix_it(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(
         "import workers\n"
-        "from helpers.launch import launch\n"
+        "from helpers.dist.launch import launch\n"
         "launch(workers.rank_and_sum, 1, timeout=60)\n"  # no `if __name__ == '__main__':`
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
@@ -123,7 +120,7 @@ import multiprocessing as mp
 import sys
 sys.path.insert(0, {tests!r})
 import workers
-from helpers.launch import launch
+from helpers.dist.launch import launch
 if __name__ == "__main__":
     try:
         launch(workers.{fn}, 2, {pid_dir!r}, 120.0)

@@ -1,4 +1,4 @@
-"""The helpers notebook 03 uses to compare replicas and runs (helpers/replicas.py)."""
+"""The helpers notebook 03 uses to compare replicas and runs (helpers/experiments/replicas.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from helpers.data import ACTIVITIES, HARData, load_har
-from helpers.plotting import plot_class_balance, plot_replica_accuracies
-from helpers.replicas import (
+from helpers.experiments.replicas import (
     MISTAKES,
     SYNCS,
     class_balance,
@@ -25,6 +24,7 @@ from helpers.replicas import (
     verdicts,
     weight_gap,
 )
+from helpers.notebook.plotting import plot_class_balance, plot_replica_accuracies
 from helpers.training import RunResult, TrainConfig, steps_per_epoch
 
 

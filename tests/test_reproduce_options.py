@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers import reproduce
-from helpers.launch import CORES_ENV
+from helpers.dist.cores import CORES_ENV
 from helpers.reproduce import main, parse_args, rerun_command
 from helpers.training import RunResult, TrainConfig
 

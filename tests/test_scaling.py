@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers.comm_model import AlphaBeta
-from helpers.launch import available_cores
-from helpers.scaling import (
+from helpers.dist.comm_model import AlphaBeta
+from helpers.dist.cores import available_cores
+from helpers.experiments.scaling import (
     GRADIENT_BYTES,
     PUBLISHED,
     UNTIMED_STEPS,
@@ -134,7 +134,7 @@ def test_published_points_are_the_articles():
 
 
 def test_plot_scaling_draws_every_series_and_names_the_data():
-    from helpers.plotting import plot_scaling
+    from helpers.notebook.plotting import plot_scaling
 
     measured = add_speedup(
         pd.DataFrame({"world": [1, 2], "global_batch": [256, 256], "seconds": [4.0, 3.0]})

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.schedules import Constant, LinearWarmup, goyal_warmup, linearly_scaled_lr
 from helpers.training import TrainConfig, run_training
+from helpers.training.schedules import Constant, LinearWarmup, goyal_warmup, linearly_scaled_lr
 
 
 @pytest.mark.parametrize("k", [0.25, 0.5, 1, 2, 4, 8, 16])
@@ -93,7 +93,7 @@ def test_the_loss_curve_does_see_the_schedule(warm_runs):
 
 
 def test_a_warmup_counted_in_steps_ramps_from_zero_then_holds():
-    from helpers.schedules import WarmupSteps
+    from helpers.training.schedules import WarmupSteps
 
     warm = WarmupSteps(steps=20)
     assert [warm.factor(s, steps_per_epoch=14) for s in (0, 10, 20, 100)] == [0.0, 0.5, 1.0, 1.0]

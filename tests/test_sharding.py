@@ -9,18 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.launch import WorkerError, launch
-from helpers.model import count_parameters, gradient_bytes, make_mlp
-from helpers.replicas import weight_gap
-from helpers.sharding import (
-    ShardingProbe,
-    expected_bytes,
-    load_sharded,
-    load_worker,
-    per_step_traffic,
-    wire_bytes,
-)
+from helpers.dist.counting import per_step_traffic, wire_bytes
+from helpers.dist.launch import WorkerError, launch
+from helpers.experiments.memory import expected_bytes
+from helpers.experiments.replicas import weight_gap
+from helpers.experiments.sharding import ShardingProbe, load_sharded, load_worker
 from helpers.training import TrainConfig, make_optimizer, run_training, validate
+from helpers.training.model import count_parameters, gradient_bytes, make_mlp
 
 # SGD with momentum: its update scales with the gradient (unlike Adam's), so a wrapping that
 # summed instead of averaging would train differently; and it keeps one buffer per weight.
@@ -41,13 +36,13 @@ BUDGET = 15 * 10**6
 
 @pytest.fixture(scope="module")
 def ddp_run():
-    return run_training(2, CONFIG, probe=ShardingProbe(count_step=1))
+    return run_training(2, CONFIG, probe=ShardingProbe(count_step=2))
 
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("checkpoint")
-    probe = ShardingProbe(budget_bytes=BUDGET, count_step=1, digest=True, save_to=str(path))
+    probe = ShardingProbe(budget_bytes=BUDGET, count_step=2, digest=True, save_to=str(path))
     return run_training(2, replace(CONFIG, sync="fsdp2"), probe=probe), path
 
 
@@ -102,9 +97,9 @@ def test_a_sharded_checkpoint_loads_bit_for_bit_on_one_worker(fsdp_run):
 def test_the_budget_stops_ddp_at_its_first_step_in_one_line():
     # one DDP worker holds what each of any number of DDP workers holds
     with pytest.raises(WorkerError) as caught:
-        run_training(1, CONFIG, probe=ShardingProbe(budget_bytes=BUDGET, count_step=0))
+        run_training(1, CONFIG, probe=ShardingProbe(budget_bytes=BUDGET, count_step=None))
     message = str(caught.value)
-    assert "MemoryBudgetError" in message and "after step 0" in message
+    assert "MemoryBudgetError" in message and "after step 1" in message
     assert "sync='fsdp2'" in message and "\n" not in message
 
 

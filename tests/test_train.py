@@ -10,9 +10,14 @@ import pytest
 import torch.distributed as dist
 
 from helpers import train
-from helpers.cluster import listening_addresses, run_torchrun, scheduler_commands, train_args_of
-from helpers.launch import LOOPBACK, _loopback_store
-from helpers.netns import why_no_namespaces
+from helpers.dist.cluster import (
+    listening_addresses,
+    run_torchrun,
+    scheduler_commands,
+    train_args_of,
+)
+from helpers.dist.launch import LOOPBACK, _loopback_store
+from helpers.dist.netns import why_no_namespaces
 from helpers.training import TrainConfig, run_training
 
 # 7,415 recordings / 2048 = 3 steps per epoch: 6 steps, a few seconds per launch
@@ -30,7 +35,7 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def in_notebook():
-    """The same training through helpers.launch, as the notebooks run it."""
+    """The same training through helpers.dist.launch, as the notebooks run it."""
     return run_training(2, TrainConfig(global_batch=2048, epochs=2, data="recordings"))
 
 
@@ -120,7 +125,7 @@ def test_the_scheduler_files_run_the_same_entry_point_and_options():
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
 def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
     """What the security notes say: torch 2.13's TCPStore, the store torchrun's rendezvous
-    hosts, binds every interface even when given 127.0.0.1, unlike helpers.launch's store."""
+    hosts, binds every interface even when given 127.0.0.1, unlike helpers.dist.launch's store."""
     store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
     ours = _loopback_store(1, 10.0)
     try:
@@ -133,7 +138,7 @@ def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
 
 @pytest.mark.skipif(why_no_namespaces() is not None, reason=str(why_no_namespaces()))
 def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(in_notebook):
-    from helpers.netns import veth_pair
+    from helpers.dist.netns import veth_pair
 
     with veth_pair() as pair:
         done = run_torchrun(

@@ -15,9 +15,9 @@ import workers
 
 import helpers.reproduce as reproduce_module
 from helpers.data import uci as uci_module
-from helpers.launch import available_cores, launch, plan_world_sizes
-from helpers.scaling import sweep
-from helpers.schedules import Constant, LinearWarmup, linearly_scaled_lr
+from helpers.dist.cores import available_cores, plan_world_sizes
+from helpers.dist.launch import launch
+from helpers.experiments.scaling import sweep
 from helpers.training import (
     TrainConfig,
     epoch_order,
@@ -27,6 +27,7 @@ from helpers.training import (
     train_in_process,
     validate,
 )
+from helpers.training.schedules import Constant, LinearWarmup, linearly_scaled_lr
 
 TINY_RUN = ["--global-batch", "4096", "--epochs", "1", "--threads-per-worker", "1"]
 

@@ -142,9 +142,9 @@ def stubborn_sleeper(rank: int, world: int, pid_dir: str, seconds: float) -> int
 def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int) -> dict:
     """For notebook 06's tests: DDP's own record of its buckets for each bucket cap; the bucket
     all-reduces per run with and without no_sync(); what PowerSGD says it compressed."""
-    from helpers.comm_hooks import CommHook, register
-    from helpers.model import make_mlp
+    from helpers.dist.comm_hooks import CommHook, register
     from helpers.training import TrainConfig, build_model, forward_backward
+    from helpers.training.model import make_mlp
 
     X = torch.randn(64, 561, generator=torch.Generator().manual_seed(rank))
     y = torch.randint(0, 6, (64,), generator=torch.Generator().manual_seed(rank))
@@ -184,8 +184,8 @@ def fp16_and_plain_gradients(rank: int, world: int) -> dict:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from helpers.comm_hooks import CommHook, register
-    from helpers.model import make_mlp
+    from helpers.dist.comm_hooks import CommHook, register
+    from helpers.training.model import make_mlp
 
     X = torch.randn(64, 561, generator=torch.Generator().manual_seed(rank))
     y = torch.randint(0, 6, (64,), generator=torch.Generator().manual_seed(100 + rank))

@@ -31,7 +31,9 @@ from helpers.data.har import (
 from helpers.data.recordings import RECORDINGS_BANNER, RECORDINGS_NAME, load_recordings
 from helpers.data.source import SOURCES, load_har, resolve_source
 from helpers.data.standin import STANDIN_BANNER, make_standin
-from helpers.data.uci import FILES, UCI_URL, download_har, extract_and_verify
+from helpers.data.uci import download_har
+from helpers.data.uci_fetch import extract_and_verify
+from helpers.data.uci_verify import FILES, UCI_URL
 
 __all__ = [
     "ACTIVITIES", "ARRAYS", "DEFAULT_ROOT", "FILES", "RECORDINGS_BANNER", "RECORDINGS_NAME",

@@ -11,8 +11,9 @@ import os
 import time
 from pathlib import Path
 
+from helpers.data.compare import compare
 from helpers.data.har import HARData, HARDataError, HARSpec, notice, resolve_root
-from helpers.data.recordings import RECORDINGS_NAME, compare, load_recordings
+from helpers.data.recordings import RECORDINGS_NAME, load_recordings
 from helpers.data.standin import load_standin
 from helpers.data.uci import load_uci
 

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from helpers.launch import available_cores, machine_cores, thread_policy_note
+from helpers.dist.cores import available_cores, machine_cores, thread_policy_note
 
 
 def cpu_model() -> str:

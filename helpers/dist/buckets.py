@@ -31,7 +31,7 @@ import pandas as pd
 import torch.distributed as dist
 from torch import nn
 
-from helpers.comm_model import AlphaBeta
+from helpers.dist.comm_model import AlphaBeta
 
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's default bucket_cap_mb

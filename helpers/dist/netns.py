@@ -2,12 +2,9 @@
 own address, optionally with the link's bandwidth limited by ``tc`` to a real network's.
 
 Needs root and iproute2 (``ip``, ``tc``). ``veth_pair()`` creates them and removes them again;
-``python -m helpers.netns`` measures the all-reduce across the pair, unlimited and at 10 and
-1 Gbit/s, fits ``t = alpha + beta * bytes`` to each (notebook 02's model) and says how long the
-MLP's gradient takes at each; notebook 08 puts the measured beta into notebook 04's speed-up
-model::
-
-    sudo .venv/bin/python -m helpers.netns            # about a minute
+``measure`` times the all-reduce across the pair, each rank a process started in its namespace
+(``python -m helpers.dist.netns --worker ...``); ``helpers.experiments.veth`` fits notebook 02's
+model to it.
 
 A veth pair copies bytes in the kernel, so without a limit it is as fast as loopback; the limit
 (a token bucket filter on each end's outgoing traffic) is what makes it a network.
@@ -120,7 +117,7 @@ def veth_pair(rate_bits: float | None = None) -> Iterator[VethPair]:
 def _worker(rank: int, address: str, port: int, sizes: list[int], repeats: int) -> None:
     import torch.distributed as dist
 
-    from helpers.collectives import time_allreduce
+    from helpers.dist.collectives import time_allreduce
 
     os.environ["GLOO_SOCKET_IFNAME"] = INTERFACE
     dist.init_process_group(
@@ -148,7 +145,7 @@ def measure(rate_bits: float | None, sizes: list[int], repeats: int = 7) -> list
                     *prefix,
                     sys.executable,
                     "-m",
-                    "helpers.netns",
+                    "helpers.dist.netns",
                     "--worker",
                     str(rank),
                     pair.addresses[0],
@@ -174,34 +171,15 @@ def measure(rate_bits: float | None, sizes: list[int], repeats: int = 7) -> list
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m helpers.netns", description=__doc__.split("\n\n")[0]
+        prog="python -m helpers.dist.netns",
+        description="measure()'s worker: one rank's timed all-reduces inside its namespace",
     )
     p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
-    p.add_argument("--repeats", type=int, default=7, help="timed calls per size (median)")
     args = p.parse_args(argv)
-    if args.worker:
-        rank, address, port, repeats, *sizes = args.worker
-        _worker(int(rank), address, int(port), [int(s) for s in sizes], int(repeats))
-        return 0
-    if os.geteuid() != 0:
-        print("error: network namespaces need root: run it with sudo", file=sys.stderr)
-        return 2
-    from helpers.comm_model import fit_alpha_beta
-    from helpers.scaling import GRADIENT_BYTES
-
-    sizes = [4096 * 4**k for k in range(7)]  # 4 KiB to 16 MiB
-    results = {}
-    for name, rate in RATES.items():
-        print(f"  measuring across the veth pair, {name} ...", file=sys.stderr, flush=True)
-        rows = measure(rate, sizes, args.repeats)
-        fit = fit_alpha_beta([r["bytes"] for r in rows], [r["seconds"] for r in rows])
-        results[name] = fit
-        print(
-            f"{name:>10}: {fit}; the MLP's {GRADIENT_BYTES:,} gradient bytes all-reduced in "
-            f"{fit.predict(GRADIENT_BYTES) * 1e3:.1f} ms"
-        )
-        for r in rows:
-            print(f"{'':>12}{r['bytes']:>10,} bytes  {r['seconds'] * 1e3:8.3f} ms")
+    if not args.worker:
+        p.error("this is measure()'s worker: run python -m helpers.experiments.veth to measure")
+    rank, address, port, repeats, *sizes = args.worker
+    _worker(int(rank), address, int(port), [int(s) for s in sizes], int(repeats))
     return 0
 
 

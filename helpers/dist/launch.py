@@ -39,7 +39,6 @@ import torch.distributed as dist
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_COLLECTIVE_TIMEOUT = 120.0  # seconds a single collective may wait for its peers
-ARTICLE_THREADS_PER_WORKER = 2  # the reference article gave each worker (one "machine") 2 threads
 PLAIN_DATA = "return plain data: numbers, strings, lists, dicts, NumPy arrays or tensors"
 
 
@@ -50,111 +49,6 @@ class WorkerError(RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.worker_traceback = worker_traceback
-
-
-# --------------------------------------------------------------------------- cores and threads
-
-
-CORES_ENV = "DDP_COURSE_CORES"  # use at most this many cores (make test: 2, the reference machine)
-
-
-def machine_cores() -> int:
-    """Cores this process may run on (respects CPU affinity and container limits on Linux)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def available_cores() -> int:
-    """Cores the course plans with: the machine's, capped by ``$DDP_COURSE_CORES`` if set.
-
-    The cap lets a bigger machine behave like the 2-core reference machine (``make test`` sets
-    it, so the notebooks' checked outputs are reproduced), or leaves cores free for other work.
-    """
-    cores = machine_cores()
-    cap = os.environ.get(CORES_ENV)
-    if cap is None:
-        return cores
-    if not cap.isdigit() or int(cap) < 1:
-        raise ValueError(f"{CORES_ENV} must be a whole number of cores, at least 1; got {cap!r}")
-    return min(cores, int(cap))
-
-
-def default_threads_per_worker(cores: int | None = None) -> int:
-    """The article's 2 threads per worker where the cores allow it, else fewer so that at least
-    2 workers fit (1 thread each on a 2-core machine)."""
-    cores = available_cores() if cores is None else cores
-    return (
-        ARTICLE_THREADS_PER_WORKER
-        if cores >= 2 * ARTICLE_THREADS_PER_WORKER
-        else max(1, cores // 2)
-    )
-
-
-@dataclass(frozen=True)
-class WorldPlan:
-    """Whether a world size runs on this machine, with how many threads per worker, and why."""
-
-    world_size: int
-    threads_per_worker: int
-    cores: int
-    runs: bool
-    oversubscribed: bool
-    reason: str
-
-    @property
-    def total_threads(self) -> int:
-        return self.world_size * self.threads_per_worker
-
-
-def plan_world_sizes(
-    world_sizes: Sequence[int],
-    threads_per_worker: int | None = None,
-    cores: int | None = None,
-    oversubscribe: bool = False,
-) -> list[WorldPlan]:
-    """Decide, for each world size, whether it fits the cores. A world size that would run more
-    threads than there are cores is skipped with a reason, unless ``oversubscribe`` is set, in
-    which case it runs and is flagged: its timings measure contention, not scaling."""
-    cores = available_cores() if cores is None else cores
-    threads = (
-        default_threads_per_worker(cores) if threads_per_worker is None else threads_per_worker
-    )
-    if threads < 1:
-        raise ValueError(f"threads per worker must be at least 1, got {threads}")
-    plans = []
-    for world in world_sizes:
-        if world < 1:
-            raise ValueError(f"a world size must be at least 1 worker, got {world}")
-        total = world * threads
-        over = total > cores
-        if not over:
-            plans.append(
-                WorldPlan(world, threads, cores, True, False, f"{total} threads on {cores} cores")
-            )
-        elif oversubscribe:
-            reason = f"OVERSUBSCRIBED: {total} threads on {cores} cores, timings show contention"
-            plans.append(WorldPlan(world, threads, cores, True, True, reason))
-        else:
-            reason = (
-                f"skipped: {world} workers x {threads} threads = {total} threads > {cores} cores "
-                "(pass oversubscribe=True / --oversubscribe to run it anyway)"
-            )
-            plans.append(WorldPlan(world, threads, cores, False, True, reason))
-    return plans
-
-
-def thread_policy_note(cores: int | None = None) -> str:
-    """One line saying how many threads each worker gets here and why."""
-    cores = available_cores() if cores is None else cores
-    threads = default_threads_per_worker(cores)
-    if threads == ARTICLE_THREADS_PER_WORKER:
-        return f"{cores} cores: {threads} threads per worker, as in the reference article"
-    return (
-        f"{cores} cores: {threads} thread(s) per worker instead of the article's "
-        f"{ARTICLE_THREADS_PER_WORKER}, so that at least 2 workers fit without oversubscribing"
-    )
 
 
 # --------------------------------------------------------------------------- the worker side

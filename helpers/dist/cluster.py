@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers.launch import LOOPBACK
+from helpers.dist.launch import LOOPBACK
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_SCRIPT = REPO / "cluster" / "slurm" / "train.sbatch"

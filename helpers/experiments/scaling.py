@@ -9,7 +9,7 @@ The model explains the table with two fits:
   (``fit_compute``, from the 1-worker runs): ``c0`` is what a step costs whatever the batch (the
   optimizer's update of every weight, Python), ``c1`` the cost of each sample;
 * communication: all-reducing the gradients costs ``alpha + beta * bytes`` every step
-  (``helpers.comm_model``, notebook 02), however small the batch.
+  (``helpers.dist.comm_model``, notebook 02), however small the batch.
 
 N workers each compute on ``B / N`` samples, then all-reduce the whole gradient, so::
 
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from helpers.comm_model import AlphaBeta, fit_alpha_beta
 from helpers.data import load_har
-from helpers.launch import default_threads_per_worker, plan_world_sizes
-from helpers.measure import efficiency, speedup
+from helpers.dist.comm_model import AlphaBeta, fit_alpha_beta
+from helpers.dist.cores import default_threads_per_worker, plan_world_sizes
 from helpers.training import TrainConfig, epochs_for_min_steps, run_training, steps_per_epoch
+from helpers.training.measure import efficiency, speedup
+from helpers.training.model import GRADIENT_BYTES
 
-GRADIENT_BYTES = 6_524_952  # the reference MLP's float32 gradients, all-reduced every step
 DEFAULT_BATCHES: tuple[int, ...] = tuple(64 * 2**k for k in range(7))  # 64, 128, ..., 4096
 # Steps of every sweep point run before the clock starts: DDP builds its buckets and allocates
 # at the first iteration, a cost a real training pays once, not at every step.

@@ -2,13 +2,13 @@
 from point-to-point messages, and a timer for ``all_reduce``.
 
 Every function taking ``(rank, world_size, ...)`` first is a *worker*: run it with
-``helpers.launch.launch``, which starts the processes and joins them into a Gloo process group.
+``helpers.dist.launch.launch``, which starts the processes and joins them into a Gloo process group.
 Workers **return** what they found instead of printing it: text printed by a worker process does
 not reach a notebook under test (nbval), and returned values can be checked by the caller.
 
 ``ring_allreduce`` is not a worker itself but is called inside one, on a tensor, like
 ``dist.all_reduce``; it carries out the schedule simulated in NumPy by
-``helpers.allreduce_sim.ring_allreduce`` (notebook 01) with real messages.
+``helpers.notebook.allreduce_sim.ring_allreduce`` (notebook 01) with real messages.
 """
 
 from __future__ import annotations

@@ -119,8 +119,9 @@ def plot_replica_accuracies(
     table: pd.DataFrame, reference_accuracy: float, banner: str, world: int = 2
 ) -> Figure:
     """Test accuracy of every replica for each (mistake, sync) row of
-    ``helpers.replicas.mistakes_table``, the reference run's accuracy as a dashed line: replicas
-    that agree give bars of equal height, the same training gives bars on the line."""
+    ``helpers.experiments.replicas.mistakes_table``, the reference run's accuracy as a dashed
+    line: replicas that agree give bars of equal height, the same training gives bars on the
+    line."""
     fig, ax = plt.subplots(figsize=(9, 4))
     labels = [f"{mistake}\nsync={sync}" for mistake, sync in table.index]
     width = 0.8 / world
@@ -167,7 +168,7 @@ def plot_lr_tuning(
     batch, mean over the seeds with their standard deviation as error bars, the best rate
     starred. Right: the best rate against the batch, the bar spanning the rates single seeds
     picked, beside linear scaling from the smallest batch and, if given, a prediction
-    (columns global_batch, lr, label). Tables from ``helpers.large_batch``."""
+    (columns global_batch, lr, label). Tables from ``helpers.experiments.large_batch``."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
     ok = grid[~grid["diverged"]]
     for i, (batch, runs) in enumerate(ok.groupby("global_batch")):
@@ -282,7 +283,7 @@ def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
 def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
     """Per run, the MB of parameters, gradients and optimizer state a worker holds (stacked, read
     from its tensors) beside the growth of its peak RSS while training. Table from
-    ``helpers.sharding.memory_table``."""
+    ``helpers.experiments.sharding.memory_table``."""
     fig, ax = plt.subplots(figsize=(8.5, 4.0))
     x = range(len(table))
     bottom = pd.Series(0.0, index=table.index)

@@ -26,6 +26,22 @@ def make_mlp(
     return nn.Sequential(*layers, nn.Linear(hidden, n_classes))
 
 
+def parameter_count(
+    n_features: int = N_FEATURES,
+    hidden: int = HIDDEN,
+    n_classes: int = N_CLASSES,
+    hidden_layers: int = 2,
+) -> int:
+    """Parameters of ``make_mlp`` with these sizes, counted from its shape: no model is built, so
+    no random numbers are drawn (a module constant computed at import must not move the seed)."""
+    widths = [n_features] + [hidden] * hidden_layers + [n_classes]
+    return sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
+
+
+# The reference MLP's float32 gradients, all-reduced every step: 4 bytes a parameter, 6,524,952
+GRADIENT_BYTES = 4 * parameter_count()
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of trainable parameters (1,631,238 for the reference MLP)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -52,10 +52,10 @@ class CommHook(enum.Enum):
     BF16 = "bf16"
     POWER_SGD = "powersgd"
 
-    def label(self, rank: int = 1) -> str:
+    def label(self, matrix_rank: int = 1) -> str:
         """A short name for tables ("PowerSGD r=2")."""
         names = {"allreduce": "none (fp32)", "fp16": "fp16", "bf16": "bf16"}
-        return f"PowerSGD r={rank}" if self is CommHook.POWER_SGD else names[self.value]
+        return f"PowerSGD r={matrix_rank}" if self is CommHook.POWER_SGD else names[self.value]
 
 
 def check_hook(
@@ -83,14 +83,14 @@ def check_hook(
 Hook = Callable[[object, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 
-def hook_and_state(hook: CommHook, rank: int = 1) -> tuple[Hook, object]:
+def hook_and_state(hook: CommHook, matrix_rank: int = 1) -> tuple[Hook, object]:
     """PyTorch's hook function for ``hook`` and the state it is registered with (PowerSGD's
     counts what it compressed); ``ALLREDUCE`` gives ``allreduce_hook``, which does what DDP does
     without a hook."""
     if hook is CommHook.POWER_SGD:
         state = powerSGD_hook.PowerSGDState(
             process_group=None,
-            matrix_approximation_rank=rank,
+            matrix_approximation_rank=matrix_rank,
             start_powerSGD_iter=POWERSGD_START_ITER,
             min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
             use_error_feedback=True,
@@ -106,36 +106,38 @@ def hook_and_state(hook: CommHook, rank: int = 1) -> tuple[Hook, object]:
     return functions[hook], None
 
 
-def register(ddp: DDP, hook: CommHook, rank: int = 1, log: list | None = None) -> object:
-    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation ``rank``) and return its
+def register(ddp: DDP, hook: CommHook, matrix_rank: int = 1, log: list | None = None) -> object:
+    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation rank ``matrix_rank``) and return its
     state. With a ``log``, every bucket's communication is timestamped into it (``timestamped``);
     without one, ``ALLREDUCE`` registers nothing and DDP keeps its built-in all-reduce."""
     if hook is CommHook.ALLREDUCE and log is None:
         return None
-    fn, state = hook_and_state(hook, rank)
+    fn, state = hook_and_state(hook, matrix_rank)
     ddp.register_comm_hook(state, fn if log is None else timestamped(fn, log))
     return state
 
 
-def _powersgd_elements(shape: Sequence[int], rank: int) -> int:
+def _powersgd_elements(shape: Sequence[int], matrix_rank: int) -> int:
     """Elements PowerSGD all-reduces for one gradient tensor: P and Q if compressing pays at
     least ``POWERSGD_MIN_COMPRESSION_RATE`` (PyTorch's rule), else the tensor itself."""
     numel = math.prod(shape)
     if len(shape) < 2:
         return numel
     n, m = shape[0], numel // shape[0]
-    r = min(n, m, rank)
+    r = min(n, m, matrix_rank)
     compressed = (n + m) * r
     return compressed if numel > compressed * POWERSGD_MIN_COMPRESSION_RATE else numel
 
 
-def bytes_per_step(shapes: Sequence[Sequence[int]], hook: CommHook, rank: int = 1) -> int:
+def bytes_per_step(
+    shapes: Sequence[Sequence[int]], hook: CommHook, matrix_rank: int = 1
+) -> int:
     """Bytes each worker hands to the all-reduce per step, for float32 gradients of these
     ``shapes``: 4 per element uncompressed, 2 with FP16/BF16, PowerSGD's factors P and Q (and the
     tensors it leaves uncompressed, the biases) otherwise. The ring then sends about
     ``2 (N - 1) / N`` times that (notebook 01)."""
     if hook is CommHook.POWER_SGD:
-        return 4 * sum(_powersgd_elements(s, rank) for s in shapes)
+        return 4 * sum(_powersgd_elements(s, matrix_rank) for s in shapes)
     per_element = 2 if hook in (CommHook.FP16, CommHook.BF16) else 4
     return per_element * sum(math.prod(s) for s in shapes)
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from helpers.collectives import time_allreduce
-from helpers.launch import default_threads_per_worker, launch, plan_world_sizes
+from helpers.dist.collectives import time_allreduce
+from helpers.dist.launch import launch
+from helpers.dist.cores import default_threads_per_worker, plan_world_sizes
 
 # 4 KiB, 8 KiB, ..., 16 MiB: from latency-bound to bandwidth-bound messages, evenly spaced on a
 # log scale, so that small and large messages weigh alike in the fit.
@@ -118,7 +119,7 @@ def measure_allreduce(
     oversubscribe: bool = False,
 ) -> pd.DataFrame:
     """Time ``dist.all_reduce`` of float32 tensors of each size (bytes), for each world size that
-    fits this machine's cores (see ``helpers.launch.plan_world_sizes``; the others are skipped,
+    fits this machine's cores (see ``helpers.dist.launch.plan_world_sizes``; the others are skipped,
     their reasons in ``result.attrs["skipped"]``).
 
     Returns one row per (world, size): ``world``, ``bytes`` (actually all-reduced, rounded down

@@ -1,6 +1,6 @@
 """How long each notebook takes to run top to bottom, for the instructor's guide (COURSE.md).
 
-``python -m helpers.notebook_timings --cores 4 notebooks/*.ipynb`` (``make timings CORES=4``)
+``python -m helpers.notebook.timings --cores 4 notebooks/*.ipynb`` (``make timings CORES=4``)
 executes every notebook in a fresh kernel, one at a time, into a temporary folder (the committed
 notebooks stay as they are), with the course planning for ``--cores`` cores, and prints one
 Markdown table row per notebook with the load average beside it: a timing taken while other
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.launch import CORES_ENV, machine_cores
-from helpers.measure import cpu_model
+from helpers.dist.cores import CORES_ENV, machine_cores
+from helpers.training.measure import cpu_model
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def markdown_rows(timings: Sequence[NotebookTiming]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m helpers.notebook_timings", description=__doc__.split("\n\n")[0]
+        prog="python -m helpers.notebook.timings", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--cores", type=int, default=2, help="cores the course plans for (default 2)")

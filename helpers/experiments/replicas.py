@@ -18,7 +18,6 @@ import pandas as pd
 import torch
 
 from helpers.data import ACTIVITIES, HARData
-from helpers.model import make_mlp
 from helpers.training import (
     RunResult,
     TrainConfig,
@@ -27,6 +26,7 @@ from helpers.training import (
     steps_per_epoch,
     worker_order,
 )
+from helpers.training.model import make_mlp
 
 # The largest weight difference still called "the same training". Float rounding alone (1 worker
 # against 2) grew to between 1e-8 and 3e-4 over the reference's 140 steps, on the processors and

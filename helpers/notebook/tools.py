@@ -1,12 +1,12 @@
 """The notebooks as files: one normal form for committing them, and the student edition.
 
-``python -m helpers.notebook_tools normalise notebooks/*.ipynb``: rewrite in place, so that a
+``python -m helpers.notebook.tools normalise notebooks/*.ipynb``: rewrite in place, so that a
 diff shows only real changes (no execution timestamps, no kernel or UI noise).
-``python -m helpers.notebook_tools check notebooks/*.ipynb``: exit 1 naming every notebook that is
+``python -m helpers.notebook.tools check notebooks/*.ipynb``: exit 1 naming every notebook that is
 not in normal form.
-``python -m helpers.notebook_tools student --out student notebooks/*.ipynb``: the student edition,
+``python -m helpers.notebook.tools student --out student notebooks/*.ipynb``: the student edition,
 outputs cleared and exercise solutions removed.
-``python -m helpers.notebook_tools grade --out graded/alice submissions/alice/*.ipynb``: a
+``python -m helpers.notebook.tools grade --out graded/alice submissions/alice/*.ipynb``: a
 student's notebooks with the full edition's check cells put back, ready to run for grading.
 
 The exercise convention these tools rely on (notebooks 01-05 follow it):
@@ -209,7 +209,7 @@ def with_checks_from(full: NotebookNode, submission: NotebookNode) -> NotebookNo
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line the Makefile calls (``make normalise``, ``make student``)."""
     p = argparse.ArgumentParser(
-        prog="python -m helpers.notebook_tools", description=__doc__.split("\n\n")[0]
+        prog="python -m helpers.notebook.tools", description=__doc__.split("\n\n")[0]
     )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("normalise", help="rewrite notebooks in normal form, in place").add_argument(

@@ -1,0 +1,1 @@
+"""Each notebook's measurements, one module per topic, built on ``helpers.training``."""

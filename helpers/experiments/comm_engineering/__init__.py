@@ -1,0 +1,79 @@
+"""Notebook 07's experiments: making DDP's communication cheaper, measured.
+
+* ``record_timelines`` (a launch): when each layer's backward, the optimizer and each bucket's
+  all-reduce start and end on the workers, one training step, for several bucket settings;
+* ``time_variants``: step times of DDP variants (bucket caps, hooks, accumulation), all in one
+  launch, interleaved over repeats so that a burst of load hits every variant alike, beside one
+  worker's step time measured the same way;
+* the tables the notebook reads (``speedup_table``, ``bytes_table``), the step-time model with
+  overlap and compression (``model_step_seconds``, ``model_speedups``), and the goal: the best
+  speed-up among the techniques that keep the accuracy (``best_within_tolerance``) beside the
+  ceiling with communication free (``communication_free_ceiling``);
+* the activations autograd keeps for backward, counted (``activation_bytes``) and seen
+  (``saved_activation_bytes``).
+
+The training loop is ``helpers.training``'s; the buckets and the overlap model are
+``helpers.dist.buckets``'s; the hooks ``helpers.dist.comm_hooks``'s.
+
+``python -m helpers.experiments.comm_engineering`` runs the longer measurements the notebook
+leaves out (more repeats, more seeds for PowerSGD's accuracy).
+"""
+
+from helpers.experiments.comm_engineering.compression import (
+    best_within_tolerance,
+    compression_seconds,
+    train_hooks,
+)
+from helpers.experiments.comm_engineering.step_model import (
+    GIGABIT_BETA,
+    QUIET_COMPUTE,
+    activation_bytes,
+    communication_free_ceiling,
+    deep_mlp,
+    layer_of_parameters,
+    make_mlp_stack,
+    mlp_layers,
+    model_speedups,
+    model_step_seconds,
+    overlap_table,
+    saved_activation_bytes,
+    scaled_compute,
+)
+from helpers.experiments.comm_engineering.timelines import (
+    overlap_share,
+    record_timelines,
+    timeline_table,
+    timeline_worker,
+)
+from helpers.experiments.comm_engineering.timing import (
+    speedup_table,
+    speedup_text,
+    time_variants,
+    timing_rows,
+    timing_worker,
+)
+from helpers.experiments.comm_engineering.variants import (
+    ACCUMULATION_VARIANTS,
+    BATCHES,
+    BUCKET_VARIANTS,
+    HOOK_VARIANTS,
+    ONE_BUCKET_MB,
+    REPEATS,
+    TIMED_STEPS,
+    UNTIMED_STEPS,
+    Variant,
+    bytes_table,
+    timing_config,
+)
+from helpers.training.model import GRADIENT_BYTES
+
+__all__ = [
+    "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_BETA", "GRADIENT_BYTES",
+    "HOOK_VARIANTS", "ONE_BUCKET_MB", "QUIET_COMPUTE", "REPEATS", "TIMED_STEPS", "UNTIMED_STEPS",
+    "Variant", "activation_bytes", "best_within_tolerance", "bytes_table",
+    "communication_free_ceiling", "compression_seconds", "deep_mlp", "layer_of_parameters",
+    "make_mlp_stack", "mlp_layers", "model_speedups", "model_step_seconds", "overlap_share",
+    "overlap_table", "record_timelines", "saved_activation_bytes", "scaled_compute",
+    "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",
+    "timing_config", "timing_rows", "timing_worker", "train_hooks",
+]  # fmt: skip

@@ -1,0 +1,226 @@
+"""The step-time model with overlap and compression: notebook 05's c0 + c1 B / N + alpha + beta *
+bytes, with DDP's buckets running behind backward (``helpers.dist.buckets``), a hook's bytes and
+compute, the ceiling with communication free, deeper models, and the activations autograd keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+from torch import nn
+
+from helpers.dist import buckets as bk
+from helpers.dist.comm_hooks import CommHook, bytes_per_step, collectives_per_bucket
+from helpers.dist.comm_model import AlphaBeta
+from helpers.experiments.comm_engineering.variants import Variant
+from helpers.experiments.scaling import ComputeModel
+from helpers.training.model import gradient_bytes, make_mlp
+
+GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
+
+# One worker's step on a quiet machine, from issue 9's quick check (1 worker x 1 thread, random
+# data of HAR's shape: 23.1 ms at global batch 256, 156 ms at 2048, the straight line through
+# them): a fixed reference for the model's claims, where this machine's own fit moves with load.
+QUIET_COMPUTE = ComputeModel(c0=4.1e-3, c1=74e-6)
+
+def mlp_layers(model: nn.Module) -> list[tuple[int, int]]:
+    """``(inputs, outputs)`` of each linear layer, in forward order."""
+    return [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)]
+
+def layer_of_parameters(model: nn.Module) -> dict[str, int]:
+    """Each parameter's linear layer, counted in the order backward reaches them (0: last)."""
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    return {
+        f"{name}.{p}": len(names) - 1 - k
+        for k, name in enumerate(names)
+        for p, _ in dict(model.named_modules())[name].named_parameters()
+    }
+
+def model_step_seconds(
+    compute: ComputeModel,
+    comm: AlphaBeta,
+    global_batch: float,
+    world: int,
+    model: nn.Module | None = None,
+    bucket_cap_mb: float | None = None,
+    hook: CommHook = CommHook.ALLREDUCE,
+    matrix_rank: int = 1,
+    overlap: bool = True,
+    compress_seconds: float = 0.0,
+) -> float:
+    """Notebook 04's ``c0 + c1 B / N + alpha + beta * bytes``, with the buckets of
+    ``bucket_cap_mb`` and, if ``overlap``, their all-reduces running behind backward
+    (``helpers.dist.buckets.overlap_step_seconds``): ``c1 B / N`` split into forward and backward by
+    the layers' multiply-adds, ``c0`` after backward (the optimizer). A hook changes the bytes
+    (``comm_hooks.bytes_per_step``), the calls per bucket, and adds ``compress_seconds`` of
+    compute per step."""
+    model = model or make_mlp()
+    per_sample = compute.c1 * global_batch / world
+    fwd_work, bwd_work = bk.forward_and_backward_work(mlp_layers(model))
+    forward = per_sample * fwd_work / (fwd_work + bwd_work)
+    backward = per_sample - forward
+    if world == 1:
+        return compute.c0 + per_sample
+    plan = bk.bucket_plan(model, bucket_cap_mb)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    nbytes = [bytes_per_step([shapes[n] for n in b.names], hook, matrix_rank) for b in plan]
+    calls = collectives_per_bucket(hook)
+    if not overlap:
+        comm_total = sum(calls * comm.alpha + comm.beta * b for b in nbytes)
+        return compute.c0 + per_sample + compress_seconds + comm_total
+    ready = bk.bucket_ready_fractions(
+        plan, layer_of_parameters(model), bk.backward_shares(mlp_layers(model))
+    )
+    step, _ = bk.overlap_step_seconds(forward, backward, compute.c0, ready, nbytes, comm, calls)
+    return step + compress_seconds
+
+def model_speedups(
+    variants: Sequence[Variant],
+    compute: ComputeModel,
+    comm: AlphaBeta,
+    batches: Sequence[float],
+    world: int = 2,
+    compress_seconds: dict[str, float] | None = None,
+) -> pd.DataFrame:
+    """The model's speed-up over one worker (``compute.predict(B)``) of each variant at each
+    global batch: ``model_step_seconds`` with the variant's buckets and hook, its bytes and calls,
+    and ``compress_seconds[variant name]`` of compression compute (0 where not given). Variants
+    with accumulation are left out: the model has no term for a micro-batch's fixed costs.
+    Columns variant, global_batch, speedup."""
+    compress_seconds = compress_seconds or {}
+    rows = [
+        {
+            "variant": v.name,
+            "global_batch": b,
+            "speedup": compute.predict(b)
+            / model_step_seconds(
+                compute,
+                comm,
+                b,
+                world,
+                bucket_cap_mb=v.bucket_cap_mb,
+                hook=v.comm_hook,
+                matrix_rank=v.powersgd_rank,
+                compress_seconds=compress_seconds.get(v.name, 0.0),
+            ),
+        }
+        for v in variants
+        if v.accumulation_steps == 1
+        for b in batches
+    ]
+    return pd.DataFrame(rows)
+
+def communication_free_ceiling(compute: ComputeModel, global_batch: float, world: int = 2) -> float:
+    """The speed-up ``world`` workers would reach if communication cost nothing:
+    ``(c0 + c1 B) / (c0 + c1 B / N)``. No communication technique can go beyond it; for
+    ``c0 >= 0`` it lies between 1 and ``N``."""
+    return float(compute.predict(global_batch) / compute.predict(global_batch / world))
+
+def deep_mlp(layers: int, width: int = 1024) -> nn.Module:
+    """An MLP of ``layers`` square layers on the meta device (shapes only, no memory)."""
+    with torch.device("meta"):
+        return make_mlp_stack([width] * (layers + 1))
+
+def make_mlp_stack(widths: Sequence[int]) -> nn.Sequential:
+    parts: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:], strict=False):
+        parts += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*parts[:-1])
+
+def scaled_compute(compute: ComputeModel, model: nn.Module) -> ComputeModel:
+    """The reference MLP's ``c0 + c1 B`` carried over to another MLP: ``c1`` by the ratio of
+    multiply-adds per sample, ``c0`` (the optimizer's update, mostly) by the ratio of
+    parameters. A first guess, for matrix products as efficient as the reference's."""
+    ref = make_mlp()
+    work = sum(bk.forward_and_backward_work(mlp_layers(model)))
+    ref_work = sum(bk.forward_and_backward_work(mlp_layers(ref)))
+    params = sum(p.numel() for p in model.parameters())
+    ref_params = sum(p.numel() for p in ref.parameters())
+    return ComputeModel(compute.c0 * params / ref_params, compute.c1 * work / ref_work)
+
+def overlap_table(
+    compute: ComputeModel,
+    comm: AlphaBeta,
+    depths: Sequence[int],
+    global_batch: int,
+    world: int = 2,
+    width: int = 1024,
+) -> pd.DataFrame:
+    """The model's step for MLPs of ``depths`` square layers of ``width``: gradient bytes,
+    DDP's default buckets, the all-reduce time in all, how much of it the default buckets leave
+    exposed after backward, and the speed-up without overlap (one bucket) and with it."""
+    rows = []
+    for depth in depths:
+        model = deep_mlp(depth, width)
+        fit = scaled_compute(compute, model)
+        plan = bk.bucket_plan(model)
+        one = fit.predict(global_batch)
+        _, pipe = _pipeline_of(fit, comm, global_batch, world, model)
+        rows.append(
+            {
+                "layers": depth,
+                "gradient_MB": gradient_bytes(model) / 1e6,
+                "buckets": len(plan),
+                "compute_ms": (fit.predict(global_batch / world)) * 1e3,
+                "allreduce_ms": pipe.total * 1e3,
+                "exposed_ms": pipe.exposed * 1e3,
+                "speedup_no_overlap": one
+                / model_step_seconds(fit, comm, global_batch, world, model, overlap=False),
+                "speedup_overlap": one / model_step_seconds(fit, comm, global_batch, world, model),
+            }
+        )
+    return pd.DataFrame(rows)
+
+def _pipeline_of(compute, comm, global_batch, world, model) -> tuple[float, bk.Pipeline]:
+    per_sample = compute.c1 * global_batch / world
+    fwd_work, bwd_work = bk.forward_and_backward_work(mlp_layers(model))
+    backward = per_sample * bwd_work / (fwd_work + bwd_work)
+    plan = bk.bucket_plan(model)
+    ready = bk.bucket_ready_fractions(
+        plan, layer_of_parameters(model), bk.backward_shares(mlp_layers(model))
+    )
+    return bk.overlap_step_seconds(
+        per_sample - backward, backward, compute.c0, ready, [b.nbytes for b in plan], comm
+    )
+
+def activation_bytes(batch: int, model: nn.Module | None = None) -> int:
+    """Bytes of the activations autograd keeps for backward on ``batch`` samples of an MLP of
+    linear layers with ReLUs between them and a cross-entropy loss, in float32: the input (for
+    the first layer's weight gradient), each ReLU's output (which the ReLU's backward and the next
+    layer's weight gradient both use: one tensor, kept once) and the log-softmax's output (for the
+    loss's backward). The linear layers' outputs before the ReLUs are not kept. Accumulating over
+    ``k`` micro-batches needs those of one micro-batch only, since each micro-batch's backward
+    frees them before the next. ``saved_activation_bytes`` checks it against autograd."""
+    model = model or make_mlp()
+    layers = mlp_layers(model)
+    per_sample = layers[0][0] + sum(n_out for _, n_out in layers[:-1]) + layers[-1][1]
+    return 4 * batch * per_sample
+
+def saved_activation_bytes(batch: int, model: nn.Module | None = None) -> int:
+    """Bytes of the activations autograd actually keeps for one forward of ``model`` and its
+    cross-entropy loss on ``batch`` random samples, as ``torch.autograd.graph.saved_tensors_hooks``
+    sees them: every tensor saved for backward, each storage counted once (a ReLU's output is
+    saved by the ReLU and by the next layer), leaving out the model's parameters (saved by the
+    layers, but no activations) and what has no row per sample (the labels, which are integers,
+    and the loss's scalar weight)."""
+    model = model or make_mlp()
+    n_in = mlp_layers(model)[0][0]
+    n_out = mlp_layers(model)[-1][1]
+    X = torch.randn(batch, n_in, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(batch) % n_out
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        is_activation = t.is_floating_point() and t.dim() >= 1 and t.shape[0] == batch
+        if is_activation and storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = t  # kept alive, so no other tensor reuses the address
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = nn.functional.cross_entropy(model(X), y)
+    total = sum(t.untyped_storage().nbytes() for t in saved.values())
+    del loss
+    return total

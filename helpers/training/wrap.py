@@ -1,0 +1,76 @@
+"""The model each worker trains: built from the seed, wrapped as the config's sync asks (DDP or
+FSDP2), its optimizer made after wrapping, and the plain model recovered afterwards."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers.dist import comm_hooks
+from helpers.training.config import MOMENTUM, TrainConfig, make_model
+
+
+def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """The configured optimizer over the model's parameters, whole or sharded: create it after
+    wrapping, since FSDP2 replaces every parameter by its shard."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=config.lr)
+    if config.optimizer == "momentum":
+        return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=MOMENTUM)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config.lr)
+    raise ValueError(f"optimizer must be 'sgd', 'momentum' or 'adam', got {config.optimizer!r}")
+
+def wrap_model(model: nn.Module, config: TrainConfig, comm_log: list | None = None) -> nn.Module:
+    """Wrap a freshly built model as ``config.sync`` asks. Inside a process group.
+
+    DDP broadcasts rank 0's weights and all-reduces the gradients in ``backward()``. FSDP2 keeps
+    a ``1/N`` shard of every parameter on each worker: every ``Linear`` becomes one unit whose
+    parameters are all-gathered just before its forward (and again before its backward, unless
+    ``reshard_after_forward=False`` keeps them), and whose gradients are reduce-scattered, so
+    that each worker ends with the averaged gradient of its own shard only. Every rank must build
+    the same initial weights (the same seed): FSDP2 shards them where they are, it broadcasts
+    nothing. Under DDP, with the configured bucket cap and communication hook (notebook 06;
+    bucket timings appended to ``comm_log`` if given)."""
+    if config.sync == "ddp":
+        device = next(model.parameters()).device
+        device_ids = None if device.type == "cpu" else [device]
+        model = DDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
+        comm_hooks.register(model, config.comm_hook, config.powersgd_rank, comm_log)
+        return model
+    if config.sync == "fsdp2":
+        # imported here: every worker would otherwise pay about a second to import FSDP
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, reshard_after_forward=config.reshard_after_forward)
+        fully_shard(model, reshard_after_forward=config.reshard_after_forward)
+    return model
+
+def build_model(
+    config: TrainConfig, rank: int = 0, comm_log: list | None = None, device: str = "cpu"
+) -> nn.Module:
+    """This rank's model from the configured seed, on ``device``, wrapped as ``config.sync`` asks
+    (``wrap_model``; under DDP with its bucket timings appended to ``comm_log`` if given)."""
+    torch.manual_seed(config.seed + (rank if config.seed_per_rank else 0))
+    return wrap_model(make_model(config).to(device), config, comm_log)
+
+def unwrapped(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """The plain model with whole weights: DDP's module, or, under FSDP2, a copy assembled from
+    every rank's shards (all-gathers: every rank must call it)."""
+    if isinstance(model, DDP):
+        return model.module
+    if config.sync == "fsdp2":
+        from torch.distributed.tensor import DTensor
+
+        whole = {
+            name: value.full_tensor() if isinstance(value, DTensor) else value
+            for name, value in model.state_dict().items()
+        }
+        with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten anyway
+            plain = make_model(config)
+        plain.load_state_dict(whole)
+        return plain
+    return model
