@@ -1,4 +1,4 @@
-"""Notebook 06: DDP's buckets as DDP builds them, gradient accumulation with and without
+"""Notebook 07: DDP's buckets as DDP builds them, gradient accumulation with and without
 no_sync(), the hooks Gloo refuses and the configuration of PowerSGD that works on it, the fp16
 hook's rounding, the activations autograd keeps, and the tables and figure of the summary."""
 

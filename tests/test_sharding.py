@@ -1,4 +1,4 @@
-"""FSDP2 beside DDP (notebook 07): the same training, 1/N of the state, the traffic counted,
+"""FSDP2 beside DDP (notebook 08): the same training, 1/N of the state, the traffic counted,
 a memory budget enforced, sharded checkpoints loaded on another number of workers."""
 
 from __future__ import annotations

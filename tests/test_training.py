@@ -95,7 +95,7 @@ def test_three_workers_train_like_one_oversubscribed_or_not():
 
 
 def test_in_process_training_matches_the_workers_and_records_accuracy():
-    """Notebook 05 trains in process on the grounds that it does what the workers do; and the
+    """Notebook 06 trains in process on the grounds that it does what the workers do; and the
     per-epoch accuracy recorded inside the workers is the accuracy of the model at that point."""
     config = replace(SHORT, global_batch=2048, epochs=2, record_accuracy=True)  # 6 steps
     workers_run = run_training(2, config)

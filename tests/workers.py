@@ -140,7 +140,7 @@ def stubborn_sleeper(rank: int, world: int, pid_dir: str, seconds: float) -> int
 
 
 def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int) -> dict:
-    """For notebook 06's tests: DDP's own record of its buckets for each bucket cap; the bucket
+    """For notebook 07's tests: DDP's own record of its buckets for each bucket cap; the bucket
     all-reduces per run with and without no_sync(); what PowerSGD says it compressed."""
     from helpers.dist.comm_hooks import CommHook, register
     from helpers.training import TrainConfig, build_model, forward_backward
@@ -178,7 +178,7 @@ def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int
 
 
 def fp16_and_plain_gradients(rank: int, world: int) -> dict:
-    """For notebook 06's tests: one backward of the same model on this rank's own data, three
+    """For notebook 07's tests: one backward of the same model on this rank's own data, three
     ways: alone (this rank's gradient), under DDP's plain all-reduce, under DDP with the fp16
     hook. Returns each as one flat float64 tensor."""
     import torch.nn.functional as F

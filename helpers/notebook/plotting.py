@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-# --------------------------------------------------------------------------- notebook 04: scaling
+# --------------------------------------------------------------------------- notebook 05: scaling
 
 _WORLD_COLOURS = {1: "C0", 2: "C1", 4: "C2", 8: "C3", 16: "C4"}
 _SCALING_METRICS = {
@@ -145,7 +145,7 @@ def plot_replica_accuracies(
     return fig
 
 
-# ---------------------------------------------------------------- notebook 05: large batches
+# ---------------------------------------------------------------- notebook 06: large batches
 
 
 def _plain_log_y(ax: plt.Axes) -> None:
@@ -239,7 +239,7 @@ def plot_warmup(grid: pd.DataFrame, banner: str) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- notebook 06: overlap
+# --------------------------------------------------------------------------- notebook 07: overlap
 
 
 def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
@@ -277,7 +277,7 @@ def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
     return fig
 
 
-# --------------------------------------------------------------------------- notebook 07: sharding
+# --------------------------------------------------------------------------- notebook 08: sharding
 
 
 def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
@@ -302,7 +302,7 @@ def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
     return fig
 
 
-# ------------------------------------------------------------ notebook 06: techniques, summary
+# ------------------------------------------------------------ notebook 07: techniques, summary
 
 
 def plot_technique_speedups(

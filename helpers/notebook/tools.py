@@ -9,7 +9,7 @@ outputs cleared and exercise solutions removed.
 ``python -m helpers.notebook.tools grade --out graded/alice submissions/alice/*.ipynb``: a
 student's notebooks with the full edition's check cells put back, ready to run for grading.
 
-The exercise convention these tools rely on (notebooks 01-05 follow it):
+The exercise convention these tools rely on (notebooks 01-06 follow it):
 
 * An exercise's **solution** is the code cell right after a markdown cell that contains
   ``*Solution*``; a code cell with ``metadata.jupyter.source_hidden`` set (collapsed in

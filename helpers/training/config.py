@@ -22,7 +22,7 @@ from helpers.training.schedules import Constant, Schedule
 
 # How the workers keep in step. The two that wrap the model: DDP (every worker holds the whole
 # model and all-reduces the gradients) and FSDP2 (``fully_shard``: every worker holds a 1/N shard
-# of the parameters, gradients and optimizer state; notebook 07). The other two are notebook 03's
+# of the parameters, gradients and optimizer state; notebook 08). The other two are notebook 03's
 # mistakes made switchable.
 Sync = Literal["ddp", "fsdp2", "allreduce", "none"]
 
@@ -60,7 +60,7 @@ class TrainConfig:
     record_accuracy: bool = False  # test accuracy after every epoch (evaluation time not counted)
     return_weights: bool = False  # send every rank's final weights back (6.5 MB each)
     show_progress: bool = False  # rank 0 writes "epoch e/E" to the terminal (not in notebooks)
-    # DDP's communication (notebook 06): the bucket cap in MiB (None: DDP's default, 25 MiB after
+    # DDP's communication (notebook 07): the bucket cap in MiB (None: DDP's default, 25 MiB after
     # a first bucket of 1 MiB), the hook that all-reduces each bucket, PowerSGD's rank
     bucket_cap_mb: float | None = None
     comm_hook: CommHook = CommHook.ALLREDUCE
@@ -71,7 +71,7 @@ class TrainConfig:
     sync_every_micro_batch: bool = False  # the waste: no no_sync(), an all-reduce per micro-batch
     optimizer: OptimizerName = "sgd"  # sgd: no state; momentum: one buffer per weight; adam: two
     hidden: int = HIDDEN  # the MLP's width ...
-    hidden_layers: int = 2  # ... and depth (notebook 07 widens it until it outgrows a worker)
+    hidden_layers: int = 2  # ... and depth (notebook 08 widens it until it outgrows a worker)
     max_steps: int | None = None  # stop after this many steps (None: every step of every epoch)
 
 def steps_per_epoch(n_samples: int, global_batch: int) -> int:

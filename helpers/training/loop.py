@@ -67,8 +67,8 @@ def train_steps(
     """Train ``model`` on this rank's share of every global batch. The training time is
     ``perf_counter()`` afterwards minus ``clock_start`` minus ``eval_seconds``. ``evaluate``
     runs after every whole epoch (never a partial one, when ``max_steps`` stops early);
-    ``after_step`` after every step (notebook 07 accounts memory there). With a ``checkpoint``,
-    it starts from the latest one and saves as it goes (notebook 08)."""
+    ``after_step`` after every step (notebook 08 accounts memory there). With a ``checkpoint``,
+    it starts from the latest one and saves as it goes (notebook 10)."""
     optimizer = make_optimizer(model, config)
     per_epoch, last = steps_per_epoch(len(X), config.global_batch), total_steps(config, len(X))
     losses = torch.zeros(last if config.record_loss else 0)

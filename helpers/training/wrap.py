@@ -31,7 +31,7 @@ def wrap_model(model: nn.Module, config: TrainConfig, comm_log: list | None = No
     ``reshard_after_forward=False`` keeps them), and whose gradients are reduce-scattered, so
     that each worker ends with the averaged gradient of its own shard only. Every rank must build
     the same initial weights (the same seed): FSDP2 shards them where they are, it broadcasts
-    nothing. Under DDP, with the configured bucket cap and communication hook (notebook 06;
+    nothing. Under DDP, with the configured bucket cap and communication hook (notebook 07;
     bucket timings appended to ``comm_log`` if given)."""
     if config.sync == "ddp":
         device = next(model.parameters()).device

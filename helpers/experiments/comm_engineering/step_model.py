@@ -49,7 +49,7 @@ def model_step_seconds(
     overlap: bool = True,
     compress_seconds: float = 0.0,
 ) -> float:
-    """Notebook 04's ``c0 + c1 B / N + alpha + beta * bytes``, with the buckets of
+    """Notebook 05's ``c0 + c1 B / N + alpha + beta * bytes``, with the buckets of
     ``bucket_cap_mb`` and, if ``overlap``, their all-reduces running behind backward
     (``helpers.dist.buckets.overlap_step_seconds``): ``c1 B / N`` split into forward and backward by
     the layers' multiply-adds, ``c0`` after backward (the optimizer). A hook changes the bytes
