@@ -8,6 +8,7 @@ package is missing; tests/test_recordings.py tests the recordings.
 
 from __future__ import annotations
 
+import ast
 import http.client
 import io
 import os
@@ -908,3 +909,27 @@ def test_resolve_root_precedence(tmp_path, monkeypatch):
     monkeypatch.delenv("HAR_ROOT")
     assert resolve_root() == hd.DEFAULT_ROOT
     assert (hd.DEFAULT_ROOT.parent / "helpers" / "data" / "__init__.py").is_file()
+
+
+# ----------------------------------------------------------------------------- the code itself
+
+
+def test_every_module_level_name_of_the_data_layer_is_bound_once_and_used():
+    """A second binding of a module's name (two ``_noticed`` sets: which one does notice() use?)
+    or a private name nothing reads (a stray ``_download_failed``) is a duplicate to remove."""
+    for path in sorted(Path(hd.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        bound = []
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                bound += [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                bound.append(node.target.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.append(node.name)
+        twice = sorted({name for name in bound if bound.count(name) > 1})
+        assert not twice, f"{path.name} binds {twice} more than once"
+        names = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
+        read = {n.id for n in names if isinstance(n.ctx, ast.Load)}
+        unused = [n for n in bound if n[:1] == "_" and n[:2] != "__" and n not in read]
+        assert not unused, f"{path.name} defines {unused} and never uses them"

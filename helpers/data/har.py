@@ -97,11 +97,7 @@ def where(root: Path) -> str:
     return "har/" if root.resolve() == DEFAULT_ROOT else f"{root}/"
 
 
-_noticed: set[str] = set()
-_download_failed: dict[Path, str] = {}  # root -> why, so that "auto" tries the network once
-
-
-_noticed: set[str] = set()
+_noticed: set[str] = set()  # the notices printed so far (each is printed once per process)
 
 
 def notice(message: str) -> None:
