@@ -9,9 +9,12 @@ package is missing; tests/test_recordings.py tests the recordings.
 from __future__ import annotations
 
 import ast
+import ctypes
+import fcntl
 import http.client
 import io
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -44,6 +47,7 @@ from helpers.data import (
     uci_fetch,
     uci_verify,
 )
+from helpers.data import files as files_module
 from helpers.data import har as har_module
 from helpers.data import standin as standin_module
 from helpers.data import uci as uci_module
@@ -933,3 +937,107 @@ def test_every_module_level_name_of_the_data_layer_is_bound_once_and_used():
         read = {n.id for n in names if isinstance(n.ctx, ast.Load)}
         unused = [n for n in bound if n[:1] == "_" and n[:2] != "__" and n not in read]
         assert not unused, f"{path.name} defines {unused} and never uses them"
+
+
+# ----------------------------------------------------------------------------- other users' locks
+
+# unshare(2)'s flag for a new user namespace: with no uid mapped into it, even root is refused
+# writes that the permission bits refuse (capabilities there cover no file from outside it)
+CLONE_NEWUSER = 0x10000000
+NOT_ENFORCED = 77  # the exit status of a child that finds it may write what it should not
+
+
+def _drop_privileges() -> None:  # preexec_fn: runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+
+
+def unprivileged(code: str, read_only: Path, **popen) -> subprocess.Popen:
+    """Start ``python -c code`` as a process that file permissions bind, checking first that it
+    cannot write into read_only (it exits NOT_ENFORCED if it can).
+
+    As root, permissions are not enforced: the child then runs in a user namespace of its own,
+    where root has no power over files outside it but still reads them as their owner (the
+    interpreter may lie under /root, which setuid to nobody could not read). Skips where neither
+    is possible."""
+    probe = f"""
+import os, sys
+try:
+    os.close(os.open({str(read_only / ".probe")!r}, os.O_WRONLY | os.O_CREAT, 0o600))
+except OSError:
+    pass
+else:
+    sys.exit({NOT_ENFORCED})
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the child may not write __pycache__ either
+    kwargs = {"preexec_fn": _drop_privileges} if os.geteuid() == 0 else {}
+    try:
+        return subprocess.Popen([sys.executable, "-c", probe + code], env=env, **kwargs, **popen)
+    except (subprocess.SubprocessError, OSError) as err:
+        pytest.skip(f"running as root, and no user namespace to drop privileges in ({err})")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    """The child's output, once it ends; skip if it found that permissions are not enforced."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if proc.returncode == NOT_ENFORCED:
+        pytest.skip("file permissions are not enforced for the test's child process here")
+    return out, err
+
+
+LOCK_AS_ANOTHER_USER = """
+from pathlib import Path
+from helpers.data.files import locked
+with locked(Path({lock!r})) as held:
+    print(held, flush=True)
+"""
+
+
+def test_a_lock_file_that_is_read_only_for_this_user_still_locks(tmp_path):
+    """Another user's lock file (mode 0644 for them, read-only for us): flock needs no write
+    access, so the second user waits for the first instead of running unlocked."""
+    lock = tmp_path / ".uci.lock"
+    lock.touch()
+    lock.chmod(0o444)  # as another user's 0644 file is to us
+    tmp_path.chmod(0o555)
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the first process holds the lock
+        child = unprivileged(
+            LOCK_AS_ANOTHER_USER.format(lock=str(lock)), tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        first_line = child.stderr.readline()  # the notice it waits behind, or EOF if it ran
+    finally:
+        os.close(fd)  # releases the lock
+        tmp_path.chmod(0o755)
+    out, err = finish(child)
+    assert "waiting for another process" in first_line, first_line + err
+    assert out.strip() == "True", err
+
+
+def test_a_new_lock_file_lets_everyone_the_umask_allows_lock_it(tmp_path):
+    old = os.umask(0o002)  # a group-shared folder, as on a JupyterHub
+    try:
+        with files_module.locked(tmp_path / "har" / ".uci.lock") as held:
+            assert held
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "har" / ".uci.lock").stat().st_mode) == 0o664
+
+
+def test_an_error_in_an_unlocked_block_is_not_chained_to_the_lock_failure(tmp_path):
+    """Where no lock file can be had, the block runs unlocked, and its errors come alone, not
+    "During handling of the above exception (the lock's OSError), another exception occurred"."""
+    (tmp_path / "file").write_text("a file, not a folder")
+    lock = tmp_path / "file" / "har" / ".x.lock"
+    with pytest.raises(KeyError) as err, files_module.locked(lock) as held:
+        assert not held
+        raise KeyError("in the block")
+    assert err.value.__context__ is None and err.value.__cause__ is None
