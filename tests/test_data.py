@@ -9,7 +9,6 @@ package is missing; tests/test_recordings.py tests the recordings.
 from __future__ import annotations
 
 import ast
-import ctypes
 import fcntl
 import http.client
 import io
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from unprivileged import finish, unprivileged
 
 import helpers.data as hd
 from helpers.data import (
@@ -941,56 +941,6 @@ def test_every_module_level_name_of_the_data_layer_is_bound_once_and_used():
 
 # ----------------------------------------------------------------------------- other users' locks
 
-# unshare(2)'s flag for a new user namespace: with no uid mapped into it, even root is refused
-# writes that the permission bits refuse (capabilities there cover no file from outside it)
-CLONE_NEWUSER = 0x10000000
-NOT_ENFORCED = 77  # the exit status of a child that finds it may write what it should not
-
-
-def _drop_privileges() -> None:  # preexec_fn: runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWUSER) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
-
-
-def unprivileged(code: str, read_only: Path, **popen) -> subprocess.Popen:
-    """Start ``python -c code`` as a process that file permissions bind, checking first that it
-    cannot write into read_only (it exits NOT_ENFORCED if it can).
-
-    As root, permissions are not enforced: the child then runs in a user namespace of its own,
-    where root has no power over files outside it but still reads them as their owner (the
-    interpreter may lie under /root, which setuid to nobody could not read). Skips where neither
-    is possible."""
-    probe = f"""
-import os, sys
-try:
-    os.close(os.open({str(read_only / ".probe")!r}, os.O_WRONLY | os.O_CREAT, 0o600))
-except OSError:
-    pass
-else:
-    sys.exit({NOT_ENFORCED})
-"""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the child may not write __pycache__ either
-    kwargs = {"preexec_fn": _drop_privileges} if os.geteuid() == 0 else {}
-    try:
-        return subprocess.Popen([sys.executable, "-c", probe + code], env=env, **kwargs, **popen)
-    except (subprocess.SubprocessError, OSError) as err:
-        pytest.skip(f"running as root, and no user namespace to drop privileges in ({err})")
-
-
-def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
-    """The child's output, once it ends; skip if it found that permissions are not enforced."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    if proc.returncode == NOT_ENFORCED:
-        pytest.skip("file permissions are not enforced for the test's child process here")
-    return out, err
-
-
 LOCK_AS_ANOTHER_USER = """
 from pathlib import Path
 from helpers.data.files import locked
@@ -1041,3 +991,60 @@ def test_an_error_in_an_unlocked_block_is_not_chained_to_the_lock_failure(tmp_pa
         assert not held
         raise KeyError("in the block")
     assert err.value.__context__ is None and err.value.__cause__ is None
+
+
+# ----------------------------------------------------------------------------- a read-only root
+
+AUTO_AS_ANOTHER_USER = """
+from helpers.data import hapt_pickle, uci_fetch
+from helpers.data.source import main
+hapt_pickle.MODULE = "no_such_module_hidden_by_the_tests"  # as the autouse fixture does
+hapt_pickle.PACKAGE = "no-such-package-hidden-by-the-tests"
+def offline(url, timeout):
+    raise AssertionError("tried the network")
+uci_fetch._open = offline
+main(["--data", {source!r}])  # python -m helpers.data --data SOURCE
+"""
+
+
+EXTRACT_AS_ANOTHER_USER = """
+from helpers.data import HARDataError, extract_and_verify
+try:
+    extract_and_verify({archive!r})  # the archive downloaded by hand
+except HARDataError as err:
+    print("HARDataError:", err)
+"""
+
+
+def test_auto_on_a_read_only_root_falls_back_with_one_notice(tmp_path, monkeypatch):
+    """A data folder shared read-only (COURSE.md's advice for a JupyterHub): UCI HAR cannot be
+    downloaded into it, which is one more reason to fall back, not a PermissionError traceback."""
+    root = tmp_path / "shared-har"
+    root.mkdir()
+    monkeypatch.setenv("HAR_ROOT", str(root))
+    archive = nested_zip(tmp_path / "uci.zip", har_files())
+    root.chmod(0o555)
+    try:
+        children = {
+            source: unprivileged(
+                AUTO_AS_ANOTHER_USER.format(source=source), root,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            for source in ("auto", "uci")
+        }
+        (out, err), (uci_out, uci_err) = (finish(children[s]) for s in ("auto", "uci"))
+        by_hand = unprivileged(
+            EXTRACT_AS_ANOTHER_USER.format(archive=str(archive)), root,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        extract_out, extract_err = finish(by_hand)
+    finally:
+        root.chmod(0o755)
+    assert out.startswith(STANDIN_BANNER), err
+    assert err.count("\n") == 1 and err.startswith("notice: using the synthetic"), err
+    assert f"cannot write into {root}/" in err and "HAR_ROOT" in err
+    # asked for by name: the same reason, as a one-line error
+    assert uci_out == "" and uci_err.count("\n") == 1, uci_err
+    assert uci_err.startswith(f"error: cannot write into {root}/")
+    assert extract_out.startswith(f"HARDataError: cannot write into {root}/"), extract_err
+    assert list(root.iterdir()) == []

@@ -9,6 +9,7 @@ import gzip
 import io
 import os
 import pickle
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.linalg import solve_toeplitz
+from unprivileged import finish, unprivileged
 
 import helpers.data as hd
 from helpers.data import compare as compare_module
@@ -202,7 +204,7 @@ def test_the_reference_files_are_uci_hars():
         s = np.loadtxt(REFERENCE / f"subject_{split}.txt", dtype=np.int64)
         assert tuple(np.bincount(y, minlength=7)[1:]) == spec.counts(split)
         ids, first, sizes = np.unique(s, return_index=True, return_counts=True)
-        blocks = tuple((int(i), int(n)) for _, i, n in sorted(zip(first, ids, sizes)))
+        blocks = tuple((int(i), int(n)) for _, i, n in sorted(zip(first, ids, sizes, strict=True)))
         assert blocks == subjects and len(s) == len(y)
     assert len((REFERENCE / "features.txt").read_text().splitlines()) == spec.n_features
     labels = (REFERENCE / "activity_labels.txt").read_text().split()
@@ -479,6 +481,34 @@ def test_cached_load_is_quick_and_identical(built):
     print(f"\nrecordings: cached load {time.perf_counter() - t0:.2f} s")
     for name in hd.ARRAYS:
         np.testing.assert_array_equal(getattr(again, name), getattr(data, name))
+
+
+AUTO_AS_ANOTHER_USER = """
+from helpers.data import load_har, uci_fetch
+def offline(url, timeout):
+    raise AssertionError("tried the network")
+uci_fetch._open = offline
+print(load_har("auto").source)
+"""
+
+
+@needs_package
+def test_auto_on_a_read_only_root_uses_the_recordings_cached_there(built, monkeypatch):
+    """A data folder prepared once and shared read-only (COURSE.md's advice for a JupyterHub):
+    UCI HAR cannot be downloaded into it, so auto falls back to the recordings cached there."""
+    root = built[0]
+    monkeypatch.setenv("HAR_ROOT", str(root))
+    root.chmod(0o555)
+    try:
+        child = unprivileged(
+            AUTO_AS_ANOTHER_USER, root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        out, err = finish(child)
+    finally:
+        root.chmod(0o755)
+    assert out.strip() == "recordings", err
+    assert err.count("\n") == 1 and err.startswith("notice: using the UCI HAPT recordings"), err
+    assert f"cannot write into {root}/" in err
 
 
 @needs_package

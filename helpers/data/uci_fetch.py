@@ -29,6 +29,7 @@ from helpers.data.uci_verify import (
     Unverified,
     download_advice,
     uci_lock,
+    unwritable,
     verify_dir,
     write_cache,
 )
@@ -100,9 +101,15 @@ def extract_and_verify(
     UCI download (a zip holding "UCI HAR Dataset.zip") and flat zips of the data set folder.
     """
     archive, root = Path(archive), resolve_root(root)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise unwritable(root, err) from None
     with uci_lock(root):
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+        except OSError as err:
+            raise unwritable(root, err) from None
         try:
             _extract(archive, staging, root)
             try:
