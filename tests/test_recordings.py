@@ -110,6 +110,87 @@ def test_unpickler_allowed_callables_refuse_other_arguments():
         restricted_load(b"c_codecs\nencode\n(S'x'\nS'rot13'\ntR.")
 
 
+# Pickles written by hand, opcode by opcode (protocol 0; ``pickletools.dis`` shows them), that use
+# only allowed names yet make the unpickler raise something other than UnpicklingError
+CRAFTED = {
+    # object(1): REDUCE calls an allowed class with an argument it refuses (TypeError)
+    "object(1)": b"c__builtin__\nobject\n(I1\ntR.",
+    # BUILD {'a': 1} on slice(1), an allowed class's instance without a __dict__ (AttributeError)
+    "BUILD on a slice": b"c__builtin__\nslice\n(I1\ntR(dS'a'\nI1\nsb.",
+    # APPENDS [1] onto a stub DataFrame, which has no append or extend (AttributeError)
+    "APPENDS on a stub": b"cpandas.core.frame\nDataFrame\n)R(I1\ne.",
+    # numpy's _reconstruct of 10**17 float64 (711 PiB: more than even a 57-bit address space
+    # holds, whatever the kernel's overcommit setting) (MemoryError)
+    "a 711 PiB array": (
+        b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n(L100000000000000000L\ntS'f8'\n"
+        b"tR."
+    ),
+    # BUILD (None, {'__kwdefaults__': {'encoding': 'rot13'}, '__name__': 'renamed'}) on the
+    # allowed _codecs.encode: setattr on the function every later load shares
+    "BUILD on a function": (
+        b"c_codecs\nencode\n(N(dS'__kwdefaults__'\n(dS'encoding'\nS'rot13'\nssS'__name__'\n"
+        b"S'renamed'\nstb."
+    ),
+}
+
+
+@pytest.fixture
+def allowed_unchanged():
+    """Restore what a pickle could change on the allowed functions and classes, and say whether
+    anything changed (a pickle must not change them: every later load shares them)."""
+
+    def state() -> dict:
+        return {
+            key: (
+                getattr(v, "__name__", None), getattr(v, "__defaults__", None),
+                getattr(v, "__kwdefaults__", None), dict(getattr(v, "__dict__", {})),
+            )
+            for key, v in hp.ALLOWED.items()
+        }  # fmt: skip
+
+    before = state()
+    yield lambda: state() == before
+    for key, (name, defaults, kwdefaults, attrs) in before.items():
+        value = hp.ALLOWED[key]
+        if callable(value) and not isinstance(value, type):  # a function: undo a BUILD
+            value.__name__, value.__defaults__, value.__kwdefaults__ = name, defaults, kwdefaults
+            value.__dict__.clear()
+            value.__dict__.update(attrs)
+
+
+@pytest.mark.parametrize("name", CRAFTED)
+def test_a_crafted_pickle_is_one_data_error_line_and_auto_falls_back(
+    name, monkeypatch, tmp_path, capsys, allowed_unchanged
+):
+    bad = tmp_path / "HAPT.pkl.gz"
+    bad.write_bytes(gzip.compress(CRAFTED[name]))
+    monkeypatch.setattr(rec, "find_pickle", lambda: bad)
+    with pytest.raises(hd.HARDataError, match="could not be read safely") as err:
+        hd.load_har("recordings", tmp_path / "har")
+    assert "\n" not in str(err.value) and "reinstall" in str(err.value)
+    assert err.value.__context__ is None or err.value.__suppress_context__
+    monkeypatch.setattr(source_module, "load_uci", uci_unavailable)
+    assert hd.load_har("auto", tmp_path / "har").source == "standin"
+    notice = capsys.readouterr().err
+    assert notice.count("\n") == 1 and "could not be read safely" in notice
+    assert allowed_unchanged()
+
+
+def test_build_is_honoured_only_on_the_stubs_and_numpy_instances(allowed_unchanged):
+    """BUILD sets an object's state (``__setstate__``, ``__dict__`` or attributes): allowed on
+    what the pickle made (stubs, arrays, dtypes), refused on the shared functions and classes."""
+    stub = restricted_load(
+        b"ccopy_reg\n_reconstructor\n(cpandas.core.frame\nDataFrame\nc__builtin__\nobject\nNtR"
+        b"(dS'_data'\nI1\nsb."
+    )
+    assert isinstance(stub, hp._DataFrame) and stub.state == {"_data": 1}
+    for module, name in hp.ALLOWED:
+        crafted = f"c{module}\n{name}\n(N(dS'__name__'\nS'renamed'\nstb.".encode()
+        with pytest.raises(pickle.UnpicklingError, match="refused: BUILD on"):
+            restricted_load(crafted)
+    assert allowed_unchanged()
+
+
 def test_a_tampered_file_is_a_data_error_and_auto_falls_back(monkeypatch, tmp_path, capsys):
     calls = []
     monkeypatch.setattr(os, "system", lambda cmd: calls.append(cmd))
