@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import fcntl
 import http.client
+import importlib.util
 import io
 import os
 import stat
@@ -938,6 +939,21 @@ def test_every_module_level_name_of_the_data_layer_is_bound_once_and_used():
         unused = [n for n in bound if n[:1] == "_" and n[:2] != "__" and n not in read]
         assert not unused, f"{path.name} defines {unused} and never uses them"
 
+
+
+def test_every_function_of_the_data_layer_is_under_ruffs_complexity_limit():
+    """McCabe complexity under 10 (ruff's C901), so that each function reads on one screen."""
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (pip install -r requirements.txt)")
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "C901",
+            "--config", "lint.mccabe.max-complexity = 9", "--output-format", "concise",
+            str(Path(hd.__file__).parent),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
 
 # ----------------------------------------------------------------------------- other users' locks
 
