@@ -56,11 +56,12 @@ def isolated(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def built(tmp_path_factory) -> tuple[Path, hd.HARData, float]:
-    """One full build into a session folder: (root, data, seconds)."""
+def built(session_har_root) -> tuple[Path, hd.HARData, float]:
+    """The full build, in the session's data folder (conftest.py), where the tests that train on
+    the recordings find it: (root, data, seconds; 0.1 s or less if a test had built it)."""
     if not installed():
         pytest.skip(f"{hp.PACKAGE} is not installed")
-    root = tmp_path_factory.mktemp("har")
+    root = session_har_root
     t0 = time.perf_counter()
     data = rec.load_recordings(root)
     return root, data, time.perf_counter() - t0
@@ -522,7 +523,7 @@ def test_banner_names_the_source(fake_source, tmp_path):
 @needs_package
 def test_full_build(built):
     root, data, seconds = built
-    print(f"\nrecordings: first build {seconds:.1f} s")  # a figure to read, not a limit
+    print(f"\nrecordings: built or loaded in {seconds:.1f} s")  # a figure to read, not a limit
     assert data.source == "recordings"
     spec = hd.HARSpec()
     for split in hd.SPLITS:

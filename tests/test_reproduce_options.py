@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,6 +83,21 @@ def test_the_printed_command_reruns_the_result():
         row = next(line for line in done.stdout.splitlines() if line.split()[:1] == ["1"])
         return rerun.removeprefix("rerun: "), row.split()[-1]  # the weights' checksum
 
-    first = run("--workers", "1", "--global-batch", "2048", "--epochs", "1", "--seed", "5")
+    first = run(
+        "--workers", "1", "--global-batch", "2048", "--epochs", "1", "--seed", "5",
+        "--data", "standin",
+    )  # fmt: skip
     words = shlex.split(first[0])  # the environment (DDP_COURSE_CORES=2 under make test) is ours
     assert run(*words[words.index("helpers.reproduce") + 1 :]) == first
+
+
+def test_the_processes_tests_start_load_named_data_outside_the_repository():
+    """As the run above: a child process of a test loads what conftest.py names, from the
+    session's folder, so that no test tries the network ("auto") or writes into har/."""
+    code = "import helpers.data as d; print(d.resolve_source()); print(d.resolve_root())"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    source, root = done.stdout.splitlines()
+    assert source != "auto"
+    assert not Path(root).resolve().is_relative_to(Path(__file__).resolve().parents[1])
