@@ -177,6 +177,17 @@ def test_a_crafted_pickle_is_one_data_error_line_and_auto_falls_back(
     assert allowed_unchanged()
 
 
+@pytest.mark.parametrize("users", [{1: 5}, {"a": [], 1: []}], ids=["not a list", "mixed keys"])
+def test_a_pickle_of_the_wrong_shape_is_one_data_error_line(users, monkeypatch, tmp_path):
+    """A pickle that loads but is no dict of volunteer numbers to lists of DataFrames."""
+    bad = tmp_path / "HAPT.pkl.gz"
+    bad.write_bytes(gzip.compress(pickle.dumps(users, protocol=2)))
+    monkeypatch.setattr(rec, "find_pickle", lambda: bad)
+    with pytest.raises(hd.HARDataError, match="not a dict of volunteers") as err:
+        hd.load_har("recordings", tmp_path / "har")
+    assert "\n" not in str(err.value)
+
+
 def test_build_is_honoured_only_on_the_stubs_and_numpy_instances(allowed_unchanged):
     """BUILD sets an object's state (``__setstate__``, ``__dict__`` or attributes): allowed on
     what the pickle made (stubs, arrays, dtypes), refused on the shared functions and classes."""
