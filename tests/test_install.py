@@ -148,6 +148,24 @@ def test_an_installed_package_keeps_its_data_in_the_user_cache(installed, tmp_pa
     assert Path(got["default"]) == tmp_path / "home" / ".cache" / "ddp-course" / "har"
 
 
+def test_an_installed_package_asks_for_the_checkout_to_read_the_scheduler_files(
+    installed, tmp_path
+):
+    _, target = installed
+    code = (
+        "from helpers import cluster\n"
+        "try:\n"
+        "    cluster.scheduler_commands()\n"
+        "    result = {'error': None}\n"
+        "except FileNotFoundError as e:\n"
+        "    result = {'error': str(e)}\n"
+        f"result['given'] = sorted(cluster.scheduler_commands({str(ROOT)!r}))\n"
+    )
+    got = run_installed(target, code, {}, cwd=tmp_path)
+    assert got["error"] and "\n" not in got["error"] and "root" in got["error"], got
+    assert got["given"] == ["pytorchjob", "slurm", "trainjob"]
+
+
 def test_the_wheel_declares_the_python_and_every_package_helpers_imports(installed):
     wheel, _ = installed
     with zipfile.ZipFile(wheel) as zf:
