@@ -18,7 +18,10 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu --no-deps "$(gr
     && pip install -r /tmp/dependencies.txt -c constraints.txt "setuptools>=70.1" \
     && rm /tmp/dependencies.txt
 
-RUN useradd --uid 1000 --create-home --shell /usr/sbin/nologin course
+# the course's user owns its folder (WORKDIR made it root's): it writes har/'s caches and,
+# without a volume there, checkpoints/
+RUN useradd --uid 1000 --create-home --shell /usr/sbin/nologin course \
+    && chown 1000:1000 /workspace/ddp-course
 COPY --chown=1000:1000 . .
 RUN pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /tmp/wheels . \
     && pip install --no-deps --no-index /tmp/wheels/*.whl \
