@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 # the build, word for word as the Dockerfile runs it (tests/test_manifests.py checks it does)
@@ -53,6 +54,12 @@ def third_party_imports() -> set[str]:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, the folder it is installed in)."""
+    try:  # --no-build-isolation builds with this environment's setuptools (torch requires >=77)
+        setuptools = importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        setuptools = "0"
+    if Version(setuptools) < Version("70.1"):
+        pytest.skip(f"a wheel build needs setuptools>=70.1, not {setuptools}: upgrade setuptools")
     tmp = tmp_path_factory.mktemp("install")
     # a copy of what the build reads, so that it writes build/ and *.egg-info there, not here
     src = tmp / "src"
