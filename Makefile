@@ -1,13 +1,17 @@
 # `make` alone lists the targets. Each of the others creates .venv on first use and installs
-# requirements.txt into it (`helpers` editable). torch is pinned to 2.13.0; on Linux it comes from
-# PyTorch's CPU wheel index (the 2.13.0+cpu build, which satisfies ==2.13.0 and sorts after it),
-# since PyPI's Linux wheel is the CUDA build, with several GB of NVIDIA libraries this CPU course
-# never uses; macOS gets PyPI's wheel, the CPU build there. `make TORCH_INDEX=` leaves the index out,
-# and so does an install that cannot reach it (an offline machine: pip would retry it for minutes).
+# requirements.txt into it (`helpers` editable), at the versions of constraints.txt (what the
+# committed notebooks were checked with). torch is pinned to 2.13.0; on Linux it comes from
+# PyTorch's CPU wheel index (the 2.13.0+cpu build, which satisfies ==2.13.0), since PyPI's Linux
+# wheel is the CUDA build, with several GB of NVIDIA libraries this CPU course never uses; macOS
+# gets PyPI's wheel, the CPU build there. That index serves torch alone (a first pip call, without
+# torch's dependencies); everything else comes from PyPI. `make TORCH_INDEX=` leaves the index
+# out, and so does an install that cannot reach it (an offline machine: pip would retry it for
+# minutes).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 ifeq ($(shell uname -s),Linux)
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 endif
@@ -36,13 +40,14 @@ OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 help:
 	@awk '/^## [a-z-]+: /{t = $$2; sub(/:$$/, "", t); sub(/^## [a-z-]+: /, ""); printf "make %-10s  %s\n", t, $$0}' $(MAKEFILE_LIST)
 
-$(INSTALLED): requirements.txt pyproject.toml
+$(INSTALLED): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	index=; if [ -n "$(TORCH_INDEX)" ]; then \
-		if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" 2>/dev/null; \
-		then index="--extra-index-url $(TORCH_INDEX)"; \
-		else echo "note: $(TORCH_INDEX) cannot be reached; installing torch without it"; fi; \
-	fi; $(PY) -m pip install -q -r requirements.txt $$index
+ifneq ($(TORCH_INDEX),)
+	if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" 2>/dev/null; \
+	then $(PY) -m pip install -q --index-url $(TORCH_INDEX) --no-deps "$(TORCH_PIN)"; \
+	else echo "note: $(TORCH_INDEX) cannot be reached; installing torch without it"; fi
+endif
+	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
 	touch $@
 
 ## reproduce: the reference experiment (pass options with ARGS="--workers 1 2 --data standin")

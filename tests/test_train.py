@@ -111,9 +111,9 @@ def test_backend_follows_the_device():
 
 def test_the_scheduler_files_run_the_same_entry_point_and_options():
     commands = scheduler_commands()
-    assert set(commands) == {"slurm", "kubernetes"}
+    assert set(commands) == {"slurm", "pytorchjob", "trainjob"}
     options = {name: train_args_of(words) for name, words in commands.items()}
-    assert options["slurm"] == options["kubernetes"]
+    assert options["slurm"] == options["pytorchjob"] == options["trainjob"]
     args = train.parse_args(options["slurm"])  # options helpers.train accepts
     assert args.checkpoint_dir is not None, "a long run on a cluster saves checkpoints"
     for words in commands.values():

@@ -3,8 +3,9 @@ several, here or under a cluster's scheduler.
 
 ``run_torchrun`` starts torchrun as a reader would in a terminal (one torchrun per node, each
 node here a process group of its own on this machine) and reads rank 0's ``--json`` report.
-``scheduler_commands`` reads the Slurm batch script and the Kubernetes PyTorchJob manifest kept
-in ``cluster/``, for checking that they run the same entry point with the same options.
+``scheduler_commands`` reads the Slurm batch script and the Kubernetes manifests (a Kubeflow
+PyTorchJob and a Trainer v2 TrainJob) kept in the checkout's ``cluster/``, for checking that they
+run the same entry point with the same options.
 
 Security: torchrun's rendezvous store (a ``TCPStore``) and Gloo's connections carry no
 authentication and no encryption. Run across machines on a trusted network only. In torch 2.13
@@ -31,9 +32,14 @@ import yaml
 
 from helpers.dist.launch import LOOPBACK
 
-REPO = Path(__file__).resolve().parent.parent
-SLURM_SCRIPT = REPO / "cluster" / "slurm" / "train.sbatch"
-PYTORCHJOB = REPO / "cluster" / "kubernetes" / "pytorchjob.yaml"
+# the folder above helpers/, wherever this module sits in the package: the checkout, when it runs
+# from one (an installed copy has no cluster/ there; pass scheduler_commands the checkout's root)
+REPO = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
+SCHEDULER_FILES = {
+    "slurm": Path("cluster", "slurm", "train.sbatch"),
+    "pytorchjob": Path("cluster", "kubernetes", "pytorchjob.yaml"),
+    "trainjob": Path("cluster", "kubernetes", "trainjob.yaml"),
+}
 ENTRY = ["-m", "helpers.train"]
 
 
@@ -181,12 +187,23 @@ def train_args_of(argv: list[str]) -> list[str]:
     raise ValueError(f"no `-m helpers.train` in {shlex.join(argv)}")
 
 
-def scheduler_commands() -> dict[str, list[str]]:
+def scheduler_commands(root: str | Path | None = None) -> dict[str, list[str]]:
     """The torchrun command each scheduler file runs, as a list of words: ``slurm`` from the
-    batch script's ``srun`` line, ``kubernetes`` from the PyTorchJob's worker container."""
+    batch script's ``srun`` line, ``pytorchjob`` from the PyTorchJob's containers, ``trainjob``
+    from the TrainJob's trainer. ``root``: the course's checkout (default: the one this package
+    runs from; an installed package has none, and must be given it)."""
+    root = Path(root) if root is not None else REPO
+    paths = {name: root / rel for name, rel in SCHEDULER_FILES.items()}
+    missing = [str(rel) for name, rel in SCHEDULER_FILES.items() if not paths[name].is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"no {', '.join(missing)} under {root}: pass the course checkout's folder, "
+            "scheduler_commands(root=...)"
+        )
     return {
-        "slurm": _slurm_command(SLURM_SCRIPT.read_text()),
-        "kubernetes": _pytorchjob_command(yaml.safe_load(PYTORCHJOB.read_text())),
+        "slurm": _slurm_command(paths["slurm"].read_text()),
+        "pytorchjob": _pytorchjob_command(yaml.safe_load(paths["pytorchjob"].read_text())),
+        "trainjob": _trainjob_command(yaml.safe_load(paths["trainjob"].read_text())),
     }
 
 
@@ -211,6 +228,13 @@ def _pytorchjob_command(job: dict) -> list[str]:
     if any(c != commands[0] for c in commands):
         raise ValueError("every replica type should run the same command")
     return commands[0]
+
+
+def _trainjob_command(job: dict) -> list[str]:
+    if job.get("kind") != "TrainJob":
+        raise ValueError(f"expected kind TrainJob, got {job.get('kind')}")
+    trainer = job["spec"]["trainer"]
+    return [*trainer.get("command", []), *trainer.get("args", [])]
 
 
 def listening_addresses(pids: list[int]) -> list[str]:
