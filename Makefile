@@ -30,7 +30,7 @@ TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # notebook; the course's workflow runs it in CI too.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
-.PHONY: help reproduce test test-other-processor lab warm notebooks normalise student timings
+.PHONY: help reproduce test test-other-processor test-slurm lab warm notebooks normalise student timings
 
 ## help: list the targets, one line each
 help:
@@ -58,6 +58,14 @@ test: $(INSTALLED)
 ## test-other-processor: every notebook that trains, against its committed outputs, on the simulated other processor
 test-other-processor: $(INSTALLED)
 	$(CHECKED) $(OTHER_PROCESSOR) $(PY) -m pytest $(NBVAL) $(TRAINING_NOTEBOOKS) $(ARGS)
+
+## test-slurm: cluster/slurm/train.sbatch on a real two-node Slurm cluster here (root; installs slurm-wlm and munge)
+test-slurm: $(INSTALLED)
+	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+	else echo "test-slurm: slurm-wlm and munge are missing; as root: apt-get install slurm-wlm munge"; fi
+	$(CHECKED) $(PY) -m pytest -m slurm tests/test_slurm.py -v -rs $(ARGS)
 
 ## lab: JupyterLab on notebooks/
 lab: $(INSTALLED)
