@@ -1,24 +1,27 @@
 """A real two-node Slurm cluster on one Linux machine, to run ``cluster/slurm/train.sbatch`` as it
 runs on a real one (notebook 08, ``make test-slurm``).
 
-Two network namespaces joined by a veth pair (``helpers.netns``) are the two machines; each has
-its own host name (a UTS namespace per daemon, ``unshare --uts``), its own address and its own
-``/etc/hosts`` (``ip netns exec`` mounts ``/etc/netns/NS/hosts`` over it), so that the batch
-script's ``scontrol show hostnames`` and torchrun's rendezvous resolve the node names as on a
-cluster. ``munged`` (the credentials, over a Unix socket in a temporary folder), ``slurmctld`` and
-one ``slurmd`` live in the first namespace, the second ``slurmd`` in the other; every port they
-open is inside those namespaces. slurm.conf, state, spool and logs go to a temporary folder.
+Two network namespaces joined by a veth pair (``helpers.netns``) are the two machines. Every
+program of a node runs in its namespace with the node's host name (a UTS namespace of its own)
+and the cluster's ``/etc/hosts`` (a mount namespace of its own, the file bind-mounted), so that
+the batch script's ``scontrol show hostnames`` and torchrun's rendezvous resolve the node names
+as on a cluster. ``munged`` (credentials, over a Unix socket in a temporary folder), ``slurmctld``
+and one ``slurmd`` run on the first node, the second ``slurmd`` on the other; the daemons bind
+their node's address only (``CommunicationParameters=NoInAddrAny``), and whatever a job opens
+is inside the namespaces too. slurm.conf, state, spool and logs go to a temporary folder.
 ``slurm_cluster()`` starts it all and stops it all again, whatever happens (an error, Ctrl-C)::
 
     with slurm_cluster() as cluster:
         job = cluster.sbatch(SLURM_SCRIPT, env={...})
         print(cluster.wait(job))
 
-Needs root, iproute2 and Debian's ``slurm-wlm`` and ``munge`` packages (Slurm 22.05):
+Needs root, iproute2, util-linux and Debian 12's ``slurm-wlm`` and ``munge`` (Slurm 22.05):
 ``python -m helpers.slurm_cluster`` runs the course's training on it and says why not where it
 cannot. Without slurmdbd there is no accounting database, so ``sacct`` has nothing to read: the
 job's end is read from ``scontrol show job`` (slurmctld keeps finished jobs for ``MinJobAge``)
-and from Slurm's job-completion log (``jobcomp/filetxt``).
+and from Slurm's job-completion log (``jobcomp/filetxt``). A SIGKILL to the Python process that
+started the cluster cannot be handled: it leaves the cluster running in its namespaces (``ip
+netns pids NS`` lists the processes to kill, then ``ip netns del NS``).
 """
 
 from __future__ import annotations
@@ -215,7 +218,7 @@ class SlurmCluster:
 
 def write_config(root: Path, pair: VethPair, nodes: tuple[str, str] = NODES) -> Path:
     """slurm.conf for the two namespaces: everything under ``root``, everything as root,
-    no cgroups (``proctrack/linuxproc``, ``task/none``), munge's socket in ``root``."""
+    no cgroup plugin (``proctrack/linuxproc``, ``task/none``), munge's socket in ``root``."""
     node_lines = [
         f"NodeName={name} NodeAddr={address} NodeHostname={name} CPUs=1 State=UNKNOWN"
         for name, address in zip(nodes, pair.addresses, strict=True)
@@ -408,6 +411,7 @@ class SlurmRun:
     output: str  # the job's output file
     killed: list[int] = field(default_factory=list)  # worker pids this run killed
     killed_node: int | None = None
+    command: str = ""  # the submission, as typed on the first node (the paths left out)
 
     @property
     def run(self) -> dict:
@@ -488,6 +492,15 @@ def submit_training(
         out.read_text() if out else "",
         killed,
         kill_worker_on,
+        " ".join(
+            [
+                *(f"{k}={v}" for k, v in {**SHORT_RUN, **(settings or {})}.items()),
+                "GLOO_SOCKET_IFNAME=" + cluster.pair.interface,
+                "sbatch",
+                *CPUS,
+                str(SLURM_SCRIPT.relative_to(REPO)),
+            ]
+        ),
     )
 
 
@@ -515,13 +528,14 @@ def summary(run: SlurmRun, alone: dict | None = None) -> str:
     """What the scheduler and the training recorded, in a few lines; with ``alone`` (the run
     record of the same training under torchrun alone), whether the weights are the same."""
     r = run.record
+    lines = [f"node1$ {run.command}"] if run.command else []
     if run.accounting:
         a = run.accounting
-        lines = [
+        lines.append(
             f"sacct: JobState={a['JobState']} ExitCode={a['ExitCode']} NodeList={a['NodeList']}"
-        ]
+        )
     else:
-        lines = ["sacct: Slurm accounting storage is disabled (no slurmdbd here)"]
+        lines.append("sacct: Slurm accounting storage is disabled (no slurmdbd here)")
     lines.append(
         f"scontrol show job {run.job_id}: JobState={r.get('JobState')} "
         f"ExitCode={r.get('ExitCode')} NodeList={r.get('NodeList')} BatchHost={r.get('BatchHost')}"
@@ -560,13 +574,31 @@ def summary(run: SlurmRun, alone: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def run_slurm_demo(kill_worker: bool = False, timeout: float = 300) -> str:
+@dataclass
+class SlurmDemo:
+    """The batch script's run on the cluster beside the same training under torchrun alone;
+    printed, what each recorded. ``skipped`` says why it did not run, where it could not."""
+
+    skipped: str | None = None
+    run: SlurmRun | None = None
+    alone: dict | None = None  # torchrun alone's run record
+
+    @property
+    def same_weights(self) -> bool:
+        """Whether the two trainings ended with the same weights, bit for bit."""
+        return self.run is not None and self.run.run["digest"] == self.alone["digest"]
+
+    def __str__(self) -> str:
+        return f"skipped: {self.skipped}" if self.skipped else summary(self.run, self.alone)
+
+
+def run_slurm_demo(kill_worker: bool = False, timeout: float = 300) -> SlurmDemo:
     """Run the batch script on a two-node cluster here (with ``kill_worker``, the second
-    node's worker killed mid-run) and the same training under torchrun alone, and say what
-    each recorded; or, where this machine cannot, why not (one line)."""
+    node's worker killed mid-run) and the same training under torchrun alone, two nodes on
+    loopback; where this machine cannot (no root, no Slurm), say why instead."""
     why = why_no_slurm()
     if why:
-        return f"skipped: {why}"
+        return SlurmDemo(skipped=why)
     from helpers.cluster import run_torchrun
 
     alone = run_torchrun(train_args(), nproc_per_node=1, nnodes=2, timeout=timeout)
@@ -574,23 +606,36 @@ def run_slurm_demo(kill_worker: bool = False, timeout: float = 300) -> str:
         run = submit_training(
             cluster, Path(tmp), kill_worker_on=1 if kill_worker else None, timeout=timeout
         )
-    return summary(run, alone.run)
+    return SlurmDemo(run=run, alone=alone.run)
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt  # a kill (SIGTERM) stops the cluster as Ctrl-C does
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m helpers.slurm_cluster", description=__doc__.split("\n\n")[0]
     )
-    p.parse_args(argv)
+    p.add_argument(
+        "--kill-worker",
+        action="store_true",
+        help="kill the second node's worker with SIGKILL once a checkpoint is saved",
+    )
+    args = p.parse_args(argv)
     why = why_no_slurm()
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, _terminate)
     try:
-        print(run_slurm_demo())
+        print(run_slurm_demo(kill_worker=args.kill_worker))
     except (RuntimeError, TimeoutError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: the cluster and its jobs are stopped", file=sys.stderr)
+        return 130
     return 0
 
 
