@@ -61,10 +61,14 @@ test-other-processor: $(INSTALLED)
 
 ## test-slurm: cluster/slurm/train.sbatch on a real two-node Slurm cluster here (root; installs slurm-wlm and munge)
 test-slurm: $(INSTALLED)
-	@if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
-	else echo "test-slurm: slurm-wlm and munge are missing; as root: apt-get install slurm-wlm munge"; fi
+	@PATH="$$PATH:/usr/local/sbin:/usr/sbin:/sbin"; have() { command -v "$$1" >/dev/null 2>&1; }; \
+	if have slurmctld && have slurmd && have munged && have sbatch; then :; \
+	elif [ "$$(id -u)" = 0 ] && have apt-get; then \
+		echo "test-slurm: installing Debian's slurm-wlm and munge with apt-get"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } \
+			>/dev/null || echo "test-slurm: apt-get could not install slurm-wlm and munge"; \
+	else echo "test-slurm: slurm-wlm and munge are missing; as root: apt-get install slurm-wlm munge"; \
+	fi
 	$(CHECKED) $(PY) -m pytest -m slurm tests/test_slurm.py -v -rs $(ARGS)
 
 ## lab: JupyterLab on notebooks/

@@ -80,11 +80,21 @@ SHORT_RUN = {
 }
 
 
+def program(name: str) -> str | None:
+    """The program's path, looked up on ``PATH`` and in the sbin folders, where Debian puts
+    the daemons and which a user's ``PATH`` often leaves out."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+    return shutil.which(name, path=path)
+
+
 def why_no_slurm() -> str | None:
     """Why this machine cannot run the cluster, in one line, or None if it can."""
-    missing = sorted({pkg for prog, pkg in PROGRAMS.items() if shutil.which(prog) is None})
+    missing = sorted({pkg for prog, pkg in PROGRAMS.items() if program(prog) is None})
     if missing:
-        return f"needs Debian's {' and '.join(missing)} (apt-get install slurm-wlm munge)"
+        return (
+            f"needs Debian's packages {', '.join(missing)} "
+            "(as root: apt-get install slurm-wlm munge)"
+        )
     if shutil.which("unshare") is None or shutil.which("nsenter") is None:
         return "needs the unshare and nsenter commands (util-linux)"
     return why_no_namespaces()
@@ -152,7 +162,7 @@ class SlurmCluster:
         """``scontrol show job``'s record of the job."""
         return parse_record(self.command("scontrol", "show", "job", "-o", str(job_id)))
 
-    def wait(self, job_id: int, timeout: float = 300, poll: float = 0.5) -> dict[str, str]:
+    def wait(self, job_id: int, timeout: float = 300, poll: float = 1.0) -> dict[str, str]:
         """The job's record once it has finished; cancelled, and an error, after ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -367,14 +377,14 @@ def slurm_cluster(timeout: float = 90, keep_logs: Path | None = None) -> Iterato
             key = root / "munge.key"
             key.write_bytes(secrets.token_bytes(1024))
             key.chmod(0o600)
-            munged = ["munged", "--foreground", f"--socket={root}/munge.socket"]
+            munged = [program("munged"), "--foreground", f"--socket={root}/munge.socket"]
             munged += [f"--key-file={key}", f"--pid-file={root}/munged.pid"]
             munged += [f"--log-file={root}/munged.log", f"--seed-file={root}/munge.seed"]
             _start(cluster, "munged", 0, munged)
             _wait_for("starting munged", (root / "munge.socket").exists, cluster, timeout)
-            _start(cluster, "slurmctld", 0, ["slurmctld", "-D", "-f", str(cluster.conf)])
+            _start(cluster, "slurmctld", 0, [program("slurmctld"), "-D", "-f", str(cluster.conf)])
             for node, name in enumerate(NODES):
-                argv = ["slurmd", "-D", "-N", name, "-f", str(cluster.conf)]
+                argv = [program("slurmd"), "-D", "-N", name, "-f", str(cluster.conf)]
                 _start(cluster, f"slurmd-{name}", node, argv)
 
             def idle() -> bool:
@@ -387,13 +397,20 @@ def slurm_cluster(timeout: float = 90, keep_logs: Path | None = None) -> Iterato
             try:
                 _stop(cluster)
             finally:
-                if keep_logs is not None:  # the files, not the daemons' sockets
-                    for path in root.rglob("*"):
-                        if path.is_file():
-                            target = keep_logs / path.relative_to(root)
-                            target.parent.mkdir(parents=True, exist_ok=True)
-                            shutil.copy2(path, target)
-                shutil.rmtree(root, ignore_errors=True)
+                try:
+                    if keep_logs is not None:
+                        _copy_files(root, keep_logs)
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+
+
+def _copy_files(root: Path, to: Path) -> None:
+    """The regular files under ``root`` (not the daemons' sockets) into ``to``."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            target = to / path.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
 
 
 # --------------------------------------------------------------------------- the demonstration
