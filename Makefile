@@ -34,7 +34,7 @@ TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # notebook; the course's workflow runs it in CI too.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
-.PHONY: help reproduce test test-other-processor lab warm notebooks normalise student timings
+.PHONY: help reproduce test test-other-processor test-slurm lab warm notebooks normalise student timings
 
 ## help: list the targets, one line each
 help:
@@ -63,6 +63,18 @@ test: $(INSTALLED)
 ## test-other-processor: every notebook that trains, against its committed outputs, on the simulated other processor
 test-other-processor: $(INSTALLED)
 	$(CHECKED) $(OTHER_PROCESSOR) $(PY) -m pytest $(NBVAL) $(TRAINING_NOTEBOOKS) $(ARGS)
+
+## test-slurm: cluster/slurm/train.sbatch on a real two-node Slurm cluster here (root; installs slurm-wlm and munge)
+test-slurm: $(INSTALLED)
+	@PATH="$$PATH:/usr/local/sbin:/usr/sbin:/sbin"; have() { command -v "$$1" >/dev/null 2>&1; }; \
+	if have slurmctld && have slurmd && have munged && have sbatch; then :; \
+	elif [ "$$(id -u)" = 0 ] && have apt-get; then \
+		echo "test-slurm: installing Debian's slurm-wlm and munge with apt-get"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } \
+			>/dev/null || echo "test-slurm: apt-get could not install slurm-wlm and munge"; \
+	else echo "test-slurm: slurm-wlm and munge are missing; as root: apt-get install slurm-wlm munge"; \
+	fi
+	$(CHECKED) $(PY) -m pytest -m slurm tests/test_slurm.py -v -rs $(ARGS)
 
 ## lab: JupyterLab on notebooks/
 lab: $(INSTALLED)

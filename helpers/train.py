@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -221,7 +222,10 @@ def _join(env: WorkerEnv, backend: str) -> None:
     """Join the process group. Under torchrun, through the agent's store, with keys of this
     attempt only: torch 2.13's agent keeps one store across restarts (TORCHELASTIC_USE_AGENT_STORE),
     and a restarted group that read the killed group's Gloo addresses from it would wait for
-    peers that are gone (``Gloo connectFullMesh failed ... Connect timeout``)."""
+    peers that are gone (``Gloo connectFullMesh failed ... Connect timeout``). The attempt is
+    counted in the store, by each rank: across nodes ``TORCHELASTIC_RESTART_COUNT`` differs, since
+    an agent whose own workers were healthy restarts them for the new round without counting a
+    restart (a node's killed worker, under Slurm: tests/test_slurm.py)."""
     timeout = timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT)
     if not env.under_torchrun:
         store = dist.HashStore()
@@ -229,7 +233,8 @@ def _join(env: WorkerEnv, backend: str) -> None:
         agent = dist.TCPStore(
             env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout
         )
-        store = dist.PrefixStore(f"helpers.train/attempt_{env.restart_count}", agent)
+        attempt = agent.add(f"helpers.train/starts/rank_{env.rank}", 1)  # 1, 2, ... each rank
+        store = dist.PrefixStore(f"helpers.train/attempt_{attempt}", agent)
     else:
         dist.init_process_group(backend, timeout=timeout)  # env://, rank 0 hosts the store
         return
@@ -311,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = train_worker(env.rank, env.world_size, config, checkpoint=spec, device=device)
         report["env"] = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
+        report["env"]["host"] = socket.gethostname()  # which machine (a Slurm node) it ran on
         reports = [None] * env.world_size if lead else None
         dist.gather_object(report, reports, dst=0)
         dist.barrier()  # nothing in flight on Gloo's threads when the group is torn down

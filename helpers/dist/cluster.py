@@ -208,7 +208,11 @@ def scheduler_commands(root: str | Path | None = None) -> dict[str, list[str]]:
 
 
 def _slurm_command(script: str) -> list[str]:
+    """The srun line's torchrun command as the script runs it when the environment sets none of
+    its variables: ``${NAME:-default}`` is the default, ``${NAME:+words}`` nothing."""
     joined = script.replace("\\\n", " ")  # continuation lines
+    joined = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", joined)
+    joined = re.sub(r"\$\{\w+:\+[^}]*\}", "", joined)
     lines = [line.strip() for line in joined.splitlines()]
     runs = [line for line in lines if line.startswith("srun ")]
     if len(runs) != 1:
@@ -237,12 +241,17 @@ def _trainjob_command(job: dict) -> list[str]:
     return [*trainer.get("command", []), *trainer.get("args", [])]
 
 
-def listening_addresses(pids: list[int]) -> list[str]:
+def listening_addresses(pids: list[int], net_of: int | str = "self") -> list[str]:
     """The local addresses (``ip:port``) the processes ``pids`` listen on for TCP, read from
-    ``/proc`` (Linux only)."""
+    ``/proc`` (Linux only): from the table of the network namespace process ``net_of`` is in
+    (default: this process's)."""
     inodes = set()
     for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:  # it has exited
+            continue
+        for fd in fds:
             try:
                 target = os.readlink(fd)
             except OSError:
@@ -250,8 +259,8 @@ def listening_addresses(pids: list[int]) -> list[str]:
             if target.startswith("socket:["):
                 inodes.add(target[8:-1])
     found = []
-    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
-        for line in Path(table).read_text().splitlines()[1:]:
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/{net_of}/net/{table}").read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
                 found.append(_address(fields[1], family))

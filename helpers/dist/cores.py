@@ -4,26 +4,9 @@ cores measure contention, not scaling."""
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import os
-import pickle
-import queue
-import re
-import signal
-import socket
-import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
-
-import torch
-import torch.distributed as dist
-
 
 ARTICLE_THREADS_PER_WORKER = 2  # the reference article gave each worker (one "machine") 2 threads
 
