@@ -30,7 +30,7 @@ TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # notebook; the course's workflow runs it in CI too.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
-.PHONY: help reproduce test test-other-processor lab warm notebooks normalise student timings
+.PHONY: help reproduce test test-other-processor test-browser lab warm notebooks normalise student timings
 
 ## help: list the targets, one line each
 help:
@@ -58,6 +58,26 @@ test: $(INSTALLED)
 ## test-other-processor: every notebook that trains, against its committed outputs, on the simulated other processor
 test-other-processor: $(INSTALLED)
 	$(CHECKED) $(OTHER_PROCESSOR) $(PY) -m pytest $(NBVAL) $(TRAINING_NOTEBOOKS) $(ARGS)
+
+# The browser test drives Debian's chromium (CHROMIUM), never a browser that Playwright downloads:
+# make installs it with apt-get where it runs as root, and otherwise says what to install. On a
+# machine without Debian's package (GitHub's Ubuntu runners, whose chromium is a snap stub),
+# `make test-browser CHROMIUM=playwright` has Playwright fetch its own build instead.
+CHROMIUM ?= /usr/bin/chromium
+
+## test-browser: JupyterLab in headless Chromium: 01 and 03 run from the menus, a training stopped, screenshots, the student edition
+test-browser: $(INSTALLED)
+	$(PY) -m pip install -q -r requirements-browser.txt
+ifeq ($(CHROMIUM),playwright)
+	$(PY) -m playwright install --with-deps chromium
+else
+	@if [ ! -x "$(CHROMIUM)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@test -x "$(CHROMIUM)" || { echo "make test-browser: no Chromium at $(CHROMIUM): install Debian's chromium (apt-get install chromium), pass CHROMIUM=/path/to/chromium, or CHROMIUM=playwright for Playwright's own build"; exit 1; }
+endif
+	$(CHECKED) DDP_COURSE_BROWSER=$(CHROMIUM) $(PY) -m pytest tests/browser -rxs $(ARGS)
 
 ## lab: JupyterLab on notebooks/
 lab: $(INSTALLED)
