@@ -65,7 +65,7 @@ test-other-processor: $(INSTALLED)
 # `make test-browser CHROMIUM=playwright` has Playwright fetch its own build instead.
 CHROMIUM ?= /usr/bin/chromium
 
-## test-browser: JupyterLab in headless Chromium: 01 and 03 run from the menus, a training stopped, screenshots, the student edition
+## test-browser: the notebooks run in JupyterLab in headless Chromium, screenshots in results/browser/
 test-browser: $(INSTALLED)
 	$(PY) -m pip install -q -r requirements-browser.txt
 ifeq ($(CHROMIUM),playwright)
