@@ -153,6 +153,7 @@ class LabServer:
         self.log = state / "jupyter-lab.log"
         self.proc: subprocess.Popen | None = None
         self._sessions: set[int] = set()  # the server's own session and every kernel's
+        self._since = 0  # the server's start, in clock ticks after boot
 
     @property
     def url(self) -> str:
@@ -208,7 +209,8 @@ class LabServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._sessions.add(self.proc.pid)
+        if (me := _read_proc(self.proc.pid)) is not None:
+            self._since = me.start
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -259,16 +261,19 @@ class LabServer:
 
     def ours(self) -> list[Proc]:
         """Every live process of the server's tree or of a session it or a kernel started: a
-        worker whose kernel died is reparented away from the tree, but keeps its session."""
+        worker whose kernel died is reparented away from the tree, but keeps its session. (The
+        server runs in a session of its own, whose id is its pid.) Only processes started since
+        the server count, so that a later session that reuses an old kernel's pid is not ours."""
         if self.proc is None:
             return []
-        started = _read_proc(self.proc.pid)
+        self._sessions.add(self.proc.pid)
+        server = _read_proc(self.proc.pid)
         tree = {p.pid: p for p in descendants(self.proc.pid)}
-        if started is not None:
-            tree[started.pid] = started
+        if server is not None:
+            tree[server.pid] = server
         self._sessions |= {p.sid for p in tree.values()}
         for p in processes().values():
-            if p.sid in self._sessions and p.pid != os.getpid():
+            if p.sid in self._sessions and p.start >= self._since and p.pid != os.getpid():
                 tree.setdefault(p.pid, p)
         return list(tree.values())
 

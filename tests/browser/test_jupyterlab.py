@@ -64,13 +64,14 @@ def notebook_page(browser, lab, notebook: str):
         open_notebook(page, lab, notebook)
         yield page
     except BaseException:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the error in flight is the one to report
             page.screenshot(path=SCREENSHOTS / f"failed-{Path(notebook).stem}.png")
+            page.close()
+            lab.shut_down_notebook(notebook)
         print(f"jupyter lab's log, last lines:\n{lab.tail()}")
         raise
-    finally:
-        page.close()
-        lab.shut_down_notebook(notebook)
+    page.close()
+    lab.shut_down_notebook(notebook)
 
 
 def mismatches(ran, committed, upto: int | None = None) -> list[str]:
