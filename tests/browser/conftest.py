@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,16 @@ def lab(chromium, lab_root, tmp_path_factory):
     paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**CHECKED, "PYTHONPATH": os.pathsep.join(paths)}  # this checkout's helpers
     server = LabServer(lab_root, tmp_path_factory.mktemp("lab-state"), env)
+
+    def terminated(signum, frame):  # a CI timeout or `kill`: stop as on Ctrl-C, tearing down
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         server.start()
         yield server
     finally:
+        signal.signal(signal.SIGTERM, previous)
         port = server.port
         killed = server.stop()
         left = [p for p in killed if alive(p)]
