@@ -327,7 +327,7 @@ def open_notebook(page, lab: LabServer, notebook: str, timeout_s: float = 120.0)
     page.locator(CELLS).first.wait_for()
     deadline = time.monotonic() + timeout_s
     while not any(
-        s["path"] == notebook and s["kernel"]["connections"] > 0
+        s["path"] == notebook and (s.get("kernel") or {}).get("connections", 0) > 0
         for s in lab.api("GET", "/api/sessions")
     ):
         if time.monotonic() > deadline:

@@ -64,9 +64,12 @@ def notebook_page(browser, lab, notebook: str):
         open_notebook(page, lab, notebook)
         yield page
     except BaseException:
-        with contextlib.suppress(Exception):  # the error in flight is the one to report
+        # the error in flight is the one to report, whatever else fails now
+        with contextlib.suppress(Exception):
             page.screenshot(path=SCREENSHOTS / f"failed-{Path(notebook).stem}.png")
+        with contextlib.suppress(Exception):
             page.close()
+        with contextlib.suppress(Exception):
             lab.shut_down_notebook(notebook)
         print(f"jupyter lab's log, last lines:\n{lab.tail()}")
         raise
@@ -88,8 +91,9 @@ def mismatches(ran, committed, upto: int | None = None) -> list[str]:
     return found
 
 
-def numbered(page) -> list[str]:
-    """The prompts of code cells that show neither a number nor nothing (collapsed)."""
+def unfinished(page) -> list[str]:
+    """The prompts of code cells that show neither a number nor nothing (collapsed): ``[*]:``
+    (running or waiting) or ``[ ]:`` (not run)."""
     return [p for p in prompts(page) if p and not re.fullmatch(r"\[\d+\]:", p)]
 
 
@@ -112,7 +116,7 @@ def test_notebook_01_runs_from_the_menu_and_shows_the_committed_outputs(run_01):
     page, saved = run_01
     committed = nbformat.read(NOTEBOOKS / NB01, as_version=4)
     assert [c.source for c in saved.cells] == [c.source for c in committed.cells]
-    assert numbered(page) == [], "every code cell shows its execution count"
+    assert unfinished(page) == [], "every code cell shows its execution count"
     assert errors(saved) == []
     not_run = [
         i for i, c in enumerate(saved.cells) if c.cell_type == "code" and not c.execution_count
