@@ -34,7 +34,7 @@ TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # notebook; the course's workflow runs it in CI too.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
-.PHONY: help reproduce test test-other-processor test-slurm lab warm notebooks normalise student timings
+.PHONY: help reproduce test test-other-processor test-slurm test-browser lab warm notebooks normalise student timings
 
 ## help: list the targets, one line each
 help:
@@ -75,6 +75,26 @@ test-slurm: $(INSTALLED)
 	else echo "test-slurm: slurm-wlm and munge are missing; as root: apt-get install slurm-wlm munge"; \
 	fi
 	$(CHECKED) $(PY) -m pytest -m slurm tests/test_slurm.py -v -rs $(ARGS)
+
+# The browser test drives Debian's chromium (CHROMIUM), never a browser that Playwright downloads:
+# make installs it with apt-get where it runs as root, and otherwise says what to install. On a
+# machine without Debian's package (GitHub's Ubuntu runners, whose chromium is a snap stub),
+# `make test-browser CHROMIUM=playwright` has Playwright fetch its own build instead.
+CHROMIUM ?= /usr/bin/chromium
+
+## test-browser: the notebooks run in JupyterLab in headless Chromium, screenshots in results/browser/
+test-browser: $(INSTALLED)
+	$(PY) -m pip install -q -r requirements-browser.txt
+ifeq ($(CHROMIUM),playwright)
+	$(PY) -m playwright install --with-deps chromium
+else
+	@if [ ! -x "$(CHROMIUM)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@test -x "$(CHROMIUM)" || { echo "make test-browser: no Chromium at $(CHROMIUM): install Debian's chromium (apt-get install chromium), pass CHROMIUM=/path/to/chromium, or CHROMIUM=playwright for Playwright's own build"; exit 1; }
+endif
+	$(CHECKED) DDP_COURSE_BROWSER=$(CHROMIUM) $(PY) -m pytest tests/browser -rxs $(ARGS)
 
 ## lab: JupyterLab on notebooks/
 lab: $(INSTALLED)

@@ -31,7 +31,8 @@ def readme_test_command() -> str:
     """The test command of the README's quick start (the line that starts `make test`)."""
     quick_start = ROOT.joinpath("README.md").read_text().split("## Quick start", 1)[1]
     block = quick_start.split("```bash\n", 1)[1].split("```", 1)[0]
-    [command] = [line.split("#")[0].strip() for line in block.splitlines() if "make test" in line]
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    [command] = [c for c in commands if c.split()[:2] == ["make", "test"]]
     return command
 
 
