@@ -14,7 +14,7 @@ import torch
 import workers
 
 import helpers.reproduce as reproduce_module
-from helpers.data import uci as uci_module
+from helpers.data import uci_fetch
 from helpers.dist.cores import available_cores, plan_world_sizes
 from helpers.dist.launch import launch
 from helpers.experiments.scaling import sweep
@@ -251,7 +251,7 @@ def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, ca
         tries.append(url)
         raise urllib.error.URLError("offline")
 
-    monkeypatch.setattr(uci_module, "_open", offline)
+    monkeypatch.setattr(uci_fetch, "_open", offline)
     if entry == "run_training":
         sources = [run_training(1, TrainConfig(global_batch=4096, epochs=1)).data_source]
     else:
