@@ -111,6 +111,17 @@ def _rank_logs(folder: Path, world: int, stream: str) -> list[str]:
     return found
 
 
+def _stop(process: subprocess.Popen) -> None:
+    """Ask torchrun to stop its workers (SIGTERM, which it passes on to them), and kill it if
+    it has not within 30 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+
+
 def run_script(
     script: Path,
     args: list[str],
@@ -120,8 +131,8 @@ def run_script(
 ) -> ScriptRun:
     """Run ``script ARGS`` in one plain process (``world=None``) or under torchrun on ``world``
     workers, and return what every rank printed; ``folder`` is emptied first (only a folder
-    this function made before, or an empty one). On a timeout or Ctrl-C torchrun is told to stop
-    its workers (SIGTERM), and killed if it has not within 30 s."""
+    this function made before, or an empty one). On a timeout (a ``ScriptFailed``) or Ctrl-C,
+    torchrun is told to stop its workers, and killed if it has not within 30 s."""
     if world is not None and world < 1:
         raise ValueError(f"world must be at least 1 (or None for one plain process), got {world}")
     _fresh(folder)
@@ -143,13 +154,14 @@ def run_script(
     )
     try:
         out, err = process.communicate(timeout=timeout)
-    except BaseException:  # a timeout or Ctrl-C: torchrun stops its workers on SIGTERM
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        raise ScriptFailed(
+            f"{shlex.join(command[-len(args) - 1 :])} did not finish within {timeout:.0f} s and "
+            "was stopped: is a rank waiting in a collective that another never reached?"
+        ) from None
+    except BaseException:  # Ctrl-C
+        _stop(process)
         raise
     if world is None:
         return ScriptRun(command, 1, folder, process.returncode, [out], [err], "")
