@@ -107,9 +107,10 @@ def hook_and_state(hook: CommHook, matrix_rank: int = 1) -> tuple[Hook, object]:
 
 
 def register(ddp: DDP, hook: CommHook, matrix_rank: int = 1, log: list | None = None) -> object:
-    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation rank ``matrix_rank``) and return its
-    state. With a ``log``, every bucket's communication is timestamped into it (``timestamped``);
-    without one, ``ALLREDUCE`` registers nothing and DDP keeps its built-in all-reduce."""
+    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation rank ``matrix_rank``) and
+    return its state. With a ``log``, every bucket's communication is timestamped into it
+    (``timestamped``); without one, ``ALLREDUCE`` registers nothing and DDP keeps its built-in
+    all-reduce."""
     if hook is CommHook.ALLREDUCE and log is None:
         return None
     fn, state = hook_and_state(hook, matrix_rank)
