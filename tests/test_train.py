@@ -153,3 +153,12 @@ def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(in_notebook):
     assert done.returncodes == [0, 0], done.stderr
     assert done.run["checksums"] == in_notebook.checksums
     assert {r["MASTER_ADDR"] for r in done.run["ranks"]} <= set(pair.addresses)
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_is_one_line(capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["--checkpoint-dir", "/proc/nope", "--global-batch", "4096", "--data", "recordings"]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot write checkpoints in /proc/nope") and "\n" not in err, err

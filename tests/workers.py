@@ -204,3 +204,21 @@ def fp16_and_plain_gradients(rank: int, world: int) -> dict:
         "plain": gradient(CommHook.ALLREDUCE),
         "fp16": gradient(CommHook.FP16),
     }
+
+
+def resume_from_own_folder(rank: int, world: int, base: str) -> int:
+    """Each rank resumes from a folder of its own (``base/rank<N>``), as nodes without a shared
+    file system would: returns the step it resumed from."""
+    from helpers.data import load_har
+    from helpers.dist.checkpoint import Checkpointer, CheckpointSpec
+    from helpers.training import TrainConfig, run_identity
+    from helpers.training.loop import train_steps
+    from helpers.training.model import make_mlp
+
+    config = TrainConfig(global_batch=2048, epochs=2, data="recordings", record_loss=True)
+    har = load_har("recordings")
+    torch.manual_seed(config.seed)
+    saver = Checkpointer(CheckpointSpec(f"{base}/rank{rank}", 2), run_identity(config), rank)
+    X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
+    train_steps(make_mlp(), X, y, config, rank, world, checkpoint=saver)
+    return saver.resumed_from
