@@ -10,13 +10,8 @@ import pytest
 import torch.distributed as dist
 
 from helpers import train
-from helpers.dist.cluster import (
-    listening_addresses,
-    run_torchrun,
-    scheduler_commands,
-    train_args_of,
-)
-from helpers.dist.launch import LOOPBACK, _loopback_store
+from helpers.dist.cluster import run_torchrun, scheduler_commands, train_args_of
+from helpers.dist.loopback import LOOPBACK, listening_addresses, loopback_store
 from helpers.dist.netns import why_no_namespaces
 from helpers.training import TrainConfig, run_training
 
@@ -127,7 +122,7 @@ def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
     """What the security notes say: torch 2.13's TCPStore, the store torchrun's rendezvous
     hosts, binds every interface even when given 127.0.0.1, unlike helpers.dist.launch's store."""
     store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
-    ours = _loopback_store(1, 10.0)
+    ours = loopback_store(1, 10.0)
     try:
         listening = listening_addresses([os.getpid()])
         assert {f"0.0.0.0:{store.port}", f"[::]:{store.port}"} & set(listening)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from helpers.dist.launch import LOOPBACK
+from helpers.dist.loopback import LOOPBACK
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_SCRIPT = REPO / "cluster" / "slurm" / "train.sbatch"
@@ -211,35 +211,3 @@ def _pytorchjob_command(job: dict) -> list[str]:
     if any(c != commands[0] for c in commands):
         raise ValueError("every replica type should run the same command")
     return commands[0]
-
-
-def listening_addresses(pids: list[int]) -> list[str]:
-    """The local addresses (``ip:port``) the processes ``pids`` listen on for TCP, read from
-    ``/proc`` (Linux only)."""
-    inodes = set()
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = []
-    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                found.append(_address(fields[1], family))
-    return found
-
-
-def _address(hex_address: str, family: int) -> str:
-    host, port = hex_address.split(":")
-    raw = bytes.fromhex(host)
-    if family == socket.AF_INET:
-        raw = raw[::-1]
-    else:
-        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-    host = socket.inet_ntop(family, raw)
-    return f"{host if family == socket.AF_INET else f'[{host}]'}:{int(port, 16)}"
