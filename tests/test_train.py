@@ -157,3 +157,35 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_one_line(capsys, monkeypatch
     assert train.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot write checkpoints in /proc/nope") and "\n" not in err, err
+
+
+@pytest.fixture
+def broken_teardown(monkeypatch):
+    """One worker without torchrun, whose process-group teardown raises: what it reports must
+    be its own error. The group is torn down for real afterwards."""
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    real = dist.destroy_process_group
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the teardown failed")
+
+    monkeypatch.setattr(dist, "destroy_process_group", broken)
+    yield
+    if dist.is_initialized():
+        real()
+
+
+def test_a_checkpoint_error_is_reported_whatever_the_teardown_does(broken_teardown, capsys):
+    argv = ["--checkpoint-dir", "/proc/nope", "--global-batch", "4096", "--data", "recordings"]
+    assert train.main(argv) == 2
+    assert capsys.readouterr().err.startswith("error: cannot write checkpoints in /proc/nope")
+
+
+def test_a_training_error_is_not_replaced_by_the_teardown(broken_teardown, monkeypatch):
+    def failing(*args, **kwargs):
+        raise ValueError("the training's own error")
+
+    monkeypatch.setattr(train, "train_worker", failing)
+    with pytest.raises(ValueError, match="the training's own error"):
+        train.main(["--global-batch", "4096", "--data", "recordings"])
