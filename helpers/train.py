@@ -33,10 +33,12 @@ from helpers.cli import (
 from helpers.data import HARData, HARDataError, load_har
 from helpers.dist.checkpoint import CheckpointError, CheckpointSpec, Fault
 from helpers.dist.cores import WorldPlan, plan_world_sizes
-from helpers.dist.launch import (
-    DEFAULT_COLLECTIVE_TIMEOUT,
+from helpers.dist.launch import DEFAULT_COLLECTIVE_TIMEOUT
+from helpers.dist.loopback import (
+    LOOPBACK,
     gloo_interface_notice,
     loopback_interface,
+    loopback_store,
 )
 from helpers.training import TrainConfig, summarise, train_worker, validate
 from helpers.training.measure import machine_facts
@@ -210,7 +212,9 @@ def _join(env: WorkerEnv, backend: str) -> None:
     """Join the process group. Under torchrun, through the agent's store, with keys of this
     attempt only: torch 2.13's agent keeps one store across restarts (TORCHELASTIC_USE_AGENT_STORE),
     and a restarted group that read the killed group's Gloo addresses from it would wait for
-    peers that are gone (``Gloo connectFullMesh failed ... Connect timeout``)."""
+    peers that are gone (``Gloo connectFullMesh failed ... Connect timeout``). Without the
+    agent's store rank 0 hosts the workers' store: bound to 127.0.0.1 by hand when that is
+    ``MASTER_ADDR`` (a ``TCPStore`` would listen on every interface)."""
     timeout = timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT)
     if not env.under_torchrun:
         store = dist.HashStore()
@@ -219,6 +223,12 @@ def _join(env: WorkerEnv, backend: str) -> None:
             env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout
         )
         store = dist.PrefixStore(f"helpers.train/attempt_{env.restart_count}", agent)
+    elif env.master_addr in (LOOPBACK, "localhost") and env.rank == 0:
+        store = loopback_store(env.world_size, timeout.total_seconds(), port=env.master_port)
+    elif env.master_addr in (LOOPBACK, "localhost"):
+        store = dist.TCPStore(
+            LOOPBACK, env.master_port, env.world_size, is_master=False, timeout=timeout
+        )
     else:
         dist.init_process_group(backend, timeout=timeout)  # env://, rank 0 hosts the store
         return
