@@ -27,12 +27,17 @@ def fail_on_rank(rank: int, world: int, bad_rank: int) -> int:
     return rank
 
 
-def skip_collective(rank: int, world: int) -> int:
-    """Rank 0 waits for a collective that rank 1 never joins: a hang without a timeout."""
+def skip_collective(rank: int, world: int, marker: str) -> int:
+    """Rank 0 waits for a collective that rank 1 never joins: a hang without a timeout. Rank 1
+    writes its pid to ``marker``, sleeps 60 s, then writes "finished" there."""
     if rank == 0:
         dist.all_reduce(torch.ones(1))
     else:
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
         time.sleep(60)
+        with open(marker, "w") as f:
+            f.write("finished")
     return rank
 
 
@@ -246,3 +251,14 @@ def fail_with_a_broken_teardown(rank: int, world: int, how: str) -> int:
         raise ValueError("rank 1's own error")
     dist.barrier()
     return rank
+
+
+def try_to_download(rank: int, world: int) -> str:
+    """Ask for UCI HAR where it is not there: a download. Returns the error it ends in."""
+    from helpers.data import HARDataError, load_har
+
+    try:
+        load_har("uci")
+    except HARDataError as err:
+        return str(err)
+    return "UCI HAR was there"

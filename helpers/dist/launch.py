@@ -182,15 +182,19 @@ def _unpickle(rank: int, payload: bytes, world_size: int) -> Any:
         ) from None
 
 
-def _stop(processes: list[mp.process.BaseProcess], grace: float = 3.0) -> None:
-    """Terminate every worker still alive; kill those that ignore it. A second Ctrl-C during
-    the grace period kills them at once, and only then reaches the caller."""
+STOP_GRACE = 3.0  # seconds a worker gets to exit after SIGTERM before SIGKILL
+
+
+def _stop(processes: list[mp.process.BaseProcess]) -> None:
+    """Terminate every worker still alive; kill those that ignore it for ``STOP_GRACE``
+    seconds. A second Ctrl-C during the grace period kills them at once, and only then reaches
+    the caller."""
     processes = [p for p in processes if p.pid is not None]  # started ones only
     try:
         for p in processes:
             if p.is_alive():
                 p.terminate()
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + STOP_GRACE
         for p in processes:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
