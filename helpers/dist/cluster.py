@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -50,14 +49,6 @@ SLURM_SCRIPT = REPO / "cluster" / "slurm" / "train.sbatch"
 PYTORCHJOB = REPO / "cluster" / "kubernetes" / "pytorchjob.yaml"
 ENTRY = ["-m", "helpers.train"]
 NO_AGENT_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"  # rank 0's worker hosts the workers' store
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on now (another program may take it before torchrun does:
-    good enough on one machine, where the only other users are this course's runs)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def torchrun_argv(
