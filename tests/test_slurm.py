@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.dist.cluster import _address, listening_addresses, run_torchrun
+from helpers.dist.cluster import run_torchrun
+from helpers.dist.loopback import _address, listening_addresses
 from helpers.dist.slurm_cluster import (
     NODES,
     RDZV_PORT,

@@ -39,7 +39,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.dist.cluster import REPO, SCHEDULER_FILES, listening_addresses
+from helpers.dist.cluster import REPO, SCHEDULER_FILES
+from helpers.dist.loopback import listening_addresses
 from helpers.dist.netns import VethPair, veth_pair, why_no_namespaces
 from helpers.dist.slurm_config import (
     NODES,
