@@ -211,13 +211,10 @@ def own_options(args: argparse.Namespace) -> list[str]:
 
 def _join(env: WorkerEnv, backend: str) -> None:
     """Join the process group. Under torchrun, through the agent's store, with keys of this
-    attempt only: torch 2.13's agent keeps one store across restarts (TORCHELASTIC_USE_AGENT_STORE),
-    and a restarted group that read the killed group's Gloo addresses from it would wait for
-    peers that are gone (``Gloo connectFullMesh failed ... Connect timeout``). The attempt is
-    counted in the store, by each rank: across nodes ``TORCHELASTIC_RESTART_COUNT`` differs, since
-    an agent whose own workers were healthy restarts them for the new round without counting a
-    restart (a node's killed worker, under Slurm: tests/test_slurm.py). Without the
-    agent's store rank 0 hosts the workers' store: bound to 127.0.0.1 by hand when that is
+    attempt only (pytorch/pytorch#135712: a restarted group that read the killed group's Gloo
+    addresses would wait for peers that are gone); the attempt is counted in the store by each
+    rank, since ``TORCHELASTIC_RESTART_COUNT`` differs across nodes (tests/test_slurm.py).
+    Without the agent's store, rank 0 binds the workers' store to 127.0.0.1 when that is
     ``MASTER_ADDR`` (a ``TCPStore`` would listen on every interface)."""
     timeout = timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT)
     if not env.under_torchrun:

@@ -26,6 +26,7 @@ netns pids NS`` lists the processes to kill, then ``ip netns del NS``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -274,25 +275,23 @@ def _stop(cluster: SlurmCluster, grace: float = 10) -> None:
             proc.terminate()
     deadline = time.monotonic() + grace
     for proc in cluster.daemons.values():
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    _kill_what_is_left(cluster, grace)
+    for proc in cluster.daemons.values():
+        proc.wait()
+
+
+def _kill_what_is_left(cluster: SlurmCluster, grace: float) -> None:
+    """SIGKILL every process left in the namespaces until none is, or fail after ``grace``."""
     deadline = time.monotonic() + grace
-    while True:
-        left = [pid for node in range(2) for pid in cluster.pids(node)]
-        if not left:
-            break
+    while left := [pid for node in range(2) for pid in cluster.pids(node)]:
         for pid in left:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"processes {left} in the cluster's namespaces would not stop")
         time.sleep(0.1)
-    for proc in cluster.daemons.values():
-        proc.wait()
 
 
 @contextmanager
