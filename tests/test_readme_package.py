@@ -19,7 +19,7 @@ def table() -> dict[str, set[str]]:
             names = set()
             for entry in re.split(r"; ", m.group(2)):
                 head = entry.split(":")[0]
-                names |= {n.rstrip("/") for n in re.findall(r"`([a-z_]+/?)`", head)}
+                names |= {n.rstrip("/") for n in re.findall(r"`([a-z0-9_]+/?)`", head)}
             rows[m.group(1)] = names
     return rows
 
