@@ -18,6 +18,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+STOP_GRACE = 15.0  # seconds torchrun's agent gets to stop its workers before everything is killed
+
 
 @dataclass
 class Finished:
@@ -69,10 +71,22 @@ def _wait_all(procs: list[subprocess.Popen], deadline: float, timeout: float) ->
             ) from None
 
 
-def _kill_every_group(procs: list[subprocess.Popen]) -> None:
-    """SIGKILL each command's process group (its session's), then reap the commands."""
+def _kill_every_group(procs: list[subprocess.Popen], grace: float = STOP_GRACE) -> None:
+    """Stop every command and what it started, then reap the commands. A command still running
+    gets SIGTERM first, to its whole group: torchrun's agent starts each worker in a session of
+    its own, out of the group's reach, and stops them itself on SIGTERM (a SIGKILL would leave
+    them running). After ``grace`` seconds, SIGKILL to each group (it outlives its first
+    process)."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(max(0.0, deadline - time.monotonic()))
     for p in procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGKILL)  # the group outlives its first process
+            os.killpg(p.pid, signal.SIGKILL)
     for p in procs:
         p.wait()
