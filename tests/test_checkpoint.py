@@ -152,3 +152,11 @@ def test_a_rank_that_cannot_see_rank_0s_checkpoint_stops_every_rank(data, tmp_pa
     assert "every rank must see the same checkpoint folder" in str(err.value)
     shutil.copytree(tmp_path / "rank0", tmp_path / "rank1")  # a copy: now both can
     assert launch(workers.resume_from_own_folder, 2, str(tmp_path), collective_timeout=30) == [2, 2]
+
+
+def test_a_resumed_rank_gets_the_mean_of_every_ranks_losses(tmp_path):
+    """Each rank records its own local loss (here rank + 1). DCP keeps one rank's copy of a tensor
+    saved by every rank under one key, so the checkpoint must hold their mean, or every resumed
+    rank gets rank 0's losses."""
+    restored = launch(workers.save_and_restore_losses, 2, str(tmp_path), collective_timeout=30)
+    assert restored == [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]

@@ -262,3 +262,19 @@ def try_to_download(rank: int, world: int) -> str:
     except HARDataError as err:
         return str(err)
     return "UCI HAR was there"
+
+
+def save_and_restore_losses(rank: int, world: int, root: str) -> list[float]:
+    """Save a checkpoint after step 1 with losses that differ by rank, restore it into zeros and
+    return what came back."""
+    from helpers.dist.checkpoint import Checkpointer, CheckpointSpec
+    from helpers.training.model import make_mlp
+
+    model = make_mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    saver = Checkpointer(CheckpointSpec(root, every=1), {"run": 1}, rank)
+    assert saver.restore(model, optimizer, torch.zeros(3), steps_per_epoch=1) == 0  # a first start
+    saver.after_step(model, optimizer, torch.full((3,), rank + 1.0), 1, 1, total_steps=1)
+    losses = torch.zeros(3)
+    assert saver.restore(model, optimizer, losses, steps_per_epoch=1) == 1
+    return losses.tolist()

@@ -6,6 +6,10 @@ and the step within it (the data order is ``randperm`` seeded by the epoch, so t
 step within it are all the order needs), and the losses recorded so far. Resuming from it gives
 the same final weights, bit for bit, as a run that was never stopped.
 
+Each rank records its own local batch's loss, but a checkpoint holds the mean over the ranks:
+DCP takes a plain tensor that every rank saves under one key for a replicated one, writes one
+rank's copy and hands it to every rank on load, and the world size may change at a restart.
+
 On disk, under ``root``::
 
     step-000008/          a complete checkpoint (DCP's .metadata and one .distcp file per writer)
@@ -92,6 +96,16 @@ def _barrier() -> None:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _mean_over_ranks(losses: torch.Tensor) -> torch.Tensor:
+    """The ranks' local losses averaged (equal slices: the global batch's loss), the same on every
+    rank, so that saving them as one replicated tensor loses nothing."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return losses
+    mean = losses.clone()
+    dist.all_reduce(mean)
+    return mean.div_(dist.get_world_size())
 
 
 def step_name(step: int) -> str:
@@ -266,7 +280,7 @@ class Checkpointer:
             _kill()
         if step % self.spec.every == 0 or step == total_steps:
             epoch, within = divmod(step, steps_per_epoch)
-            state = self._state(model, optimizer, losses, epoch, within, step)
+            state = self._state(model, optimizer, _mean_over_ranks(losses), epoch, within, step)
             self.save(state, step, kill_before_rename=drill)
 
     def save(self, state: dict, step: int, kill_before_rename: bool = False) -> Path:
