@@ -150,3 +150,16 @@ def test_bad_settings_are_refused_in_one_line(change, words):
         validate(replace(CONFIG, **change), 2, 7352)
     with pytest.raises(ValueError, match="optimizer must be"):
         make_optimizer(make_mlp(), replace(CONFIG, optimizer="lamb"))
+
+
+def test_fsdp2_models_are_built_sharded_with_make_mlps_weights():
+    """No rank builds the whole model: each holds half the parameters from the start, and
+    together they hold exactly the weights make_mlp draws under the seed."""
+    import workers
+
+    built = launch(workers.build_sharded_weights, 2)
+    torch.manual_seed(0)
+    reference = [p.detach() for p in make_mlp().parameters()]
+    assert [b["held"] for b in built] == [count_parameters(make_mlp()) // 2] * 2
+    for b in built:
+        assert all(torch.equal(w, r) for w, r in zip(b["whole"], reference, strict=True))

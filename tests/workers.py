@@ -278,3 +278,15 @@ def save_and_restore_losses(rank: int, world: int, root: str) -> list[float]:
     losses = torch.zeros(3)
     assert saver.restore(model, optimizer, losses, steps_per_epoch=1) == 1
     return losses.tolist()
+
+
+def build_sharded_weights(rank: int, world: int) -> dict:
+    """build_model under FSDP2 (the meta device, then each rank's shards): what each rank
+    holds, and the whole weights gathered back."""
+    from helpers.training import TrainConfig
+    from helpers.training.wrap import build_model
+
+    model = build_model(TrainConfig(sync="fsdp2"), rank)
+    held = sum(p.to_local().numel() for p in model.parameters())
+    whole = [p.detach().full_tensor() for p in model.parameters()]
+    return {"held": held, "whole": whole}

@@ -64,7 +64,33 @@ def build_model(
     """This rank's model from the configured seed, on ``device``, wrapped as ``config.sync`` asks
     (``wrap_model``; under DDP with its bucket timings appended to ``comm_log`` if given)."""
     torch.manual_seed(config.seed + (rank if config.seed_per_rank else 0))
+    if config.sync == "fsdp2":
+        return build_sharded(config, device)
     return wrap_model(make_model(config).to(device), config, comm_log)
+
+def build_sharded(config: TrainConfig, device: str = "cpu") -> nn.Module:
+    """FSDP2's model without ever holding it whole: built on the meta device (shapes, no
+    memory), sharded, given memory for this rank's shards only (``to_empty``), then filled one
+    layer at a time with the weights ``make_model`` draws under the current seed, each rank
+    keeping its own rows. Drawn whole a layer at a time, not by ``reset_parameters`` on the
+    shards: on a CPU mesh DTensor's random operators do not keep the ranks' generators in step
+    (``is_rng_supported_mesh``), and every shard would come out alike."""
+    from torch.distributed.tensor import distribute_tensor
+
+    with torch.device("meta"):
+        model = make_model(config)
+    if any(not isinstance(m, nn.Linear) and any(m.parameters(recurse=False))
+           for m in model.modules()):  # fmt: skip
+        raise ValueError("build_sharded draws the weights of Linear layers only")
+    model = wrap_fsdp2(model, config)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for layer in (m for m in model.modules() if isinstance(m, nn.Linear)):
+            whole = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+            for shard, full in zip(layer.parameters(), whole.parameters(), strict=True):
+                shard.copy_(distribute_tensor(full.to(shard.device), shard.device_mesh,
+                                              shard.placements, src_data_rank=None))  # fmt: skip
+    return model
 
 def unwrapped(model: nn.Module, config: TrainConfig) -> nn.Module:
     """The plain model with whole weights: DDP's module, or, under FSDP2, a copy assembled from
