@@ -32,7 +32,8 @@ def compression_seconds(
     one thread (the fastest of ``repeats``: the compute itself, without what other programs took
     from it): the casts of FP16/BF16, or PowerSGD's products
     ``P = M Q``, ``Q = M^T P`` and ``M ~ P Q^T`` with its orthogonalisation and error feedback,
-    for every gradient matrix it compresses. Zero for ``ALLREDUCE``."""
+    for every gradient matrix it compresses, each ``Q`` drawn once and reused from call to call,
+    as the hook's ``warm_start`` does. Zero for ``ALLREDUCE``."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
     if hook is CommHook.ALLREDUCE:
@@ -41,21 +42,22 @@ def compression_seconds(
     grads = [torch.randn(p.shape) for p in model.parameters()]
     flat = torch.cat([g.ravel() for g in grads])
     error = torch.zeros_like(flat)
+    warm: dict[int, torch.Tensor] = {}  # each matrix's last Q, as PowerSGDState keeps it
 
     def powersgd() -> None:
         flat.add_(error)  # error feedback in
         copy = flat.clone()
-        for g in grads:
+        for i, g in enumerate(grads):
             if g.dim() < 2:
                 continue
             m = g.view(g.shape[0], -1)
             r = min(*m.shape, matrix_rank)
             if m.numel() <= (sum(m.shape) * r) * 2:
                 continue
-            q = torch.randn(1, m.shape[1], r)
+            q = warm.setdefault(i, torch.randn(1, m.shape[1], r))
             p = torch.bmm(m.unsqueeze(0), q)
-            _orthogonalize(p)
-            q = torch.bmm(m.t().unsqueeze(0), p)
+            _orthogonalize(p)  # Gram-Schmidt for r <= 2, torch.linalg.qr above
+            torch.bmm(m.t().unsqueeze(0), p, out=q)
             m.copy_(torch.bmm(p, q.transpose(1, 2))[0])
         torch.sub(copy, flat, out=error)  # error feedback out
 
