@@ -362,3 +362,26 @@ def test_a_gloo_interface_set_by_the_reader_is_kept_but_named(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
     note = gloo_interface_notice()
     assert note.startswith("notice: GLOO_SOCKET_IFNAME=eth7") and "not only on loopback" in note
+
+
+def test_threads_per_core_counts_hyperthread_siblings(monkeypatch, tmp_path):
+    """Two CPUs that are siblings of one core: 2 threads per core; four CPUs on four cores: 1."""
+    import builtins
+
+    from helpers.dist import cores
+
+    siblings = {0: "0,1", 1: "0,1", 2: "2", 3: "3"}
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if str(path).startswith("/sys/devices/system/cpu/cpu"):
+            cpu = int(str(path).split("/cpu")[2].split("/")[0])
+            (tmp_path / "s").write_text(siblings[cpu] + "\n")
+            return real_open(tmp_path / "s", *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert cores.threads_per_core() == 2
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
+    assert cores.threads_per_core() == 1

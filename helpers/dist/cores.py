@@ -110,3 +110,21 @@ def thread_policy_note(cores: int | None = None) -> str:
         f"{cores} cores: {threads} thread(s) per worker instead of the article's "
         f"{ARTICLE_THREADS_PER_WORKER}, so that at least 2 workers fit without oversubscribing"
     )
+
+
+def threads_per_core() -> int | None:
+    """Hardware threads per physical core among the CPUs this process may use (2 where the
+    "cores" are hyperthreads sharing one core's arithmetic units: two workers on them get far
+    less than twice one's compute), or None where the platform does not say (not Linux)."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:
+        return None
+    cores = set()
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            return None
+    return max(1, round(len(cpus) / len(cores)))

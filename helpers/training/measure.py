@@ -7,7 +7,12 @@ import sys
 
 import torch
 
-from helpers.dist.cores import available_cores, machine_cores, thread_policy_note
+from helpers.dist.cores import (
+    available_cores,
+    machine_cores,
+    thread_policy_note,
+    threads_per_core,
+)
 
 
 def cpu_model() -> str:
@@ -27,6 +32,7 @@ def machine_facts() -> dict:
     return {
         "cores": available_cores(),
         "machine_cores": machine_cores(),
+        "threads_per_core": threads_per_core(),
         "cpu": cpu_model(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
