@@ -6,7 +6,8 @@ updates, the gradients' sums), on the CPU and across workers.
 training step and a matrix product in float32 and under ``torch.autocast``; ``precision_worker``
 trains the reference in both, one seed per run, for their test accuracies; ``fsdp_mp_worker``
 runs FSDP2 with ``MixedPrecisionPolicy`` on Gloo and counts what it sends and holds;
-``bytes_per_parameter`` is the Ultra-Scale Playbook's arithmetic."""
+``bytes_per_parameter`` is the Ultra-Scale Playbook's arithmetic, and ``held_per_parameter`` the
+same bytes read from the tensors of a real float32 and mixed-precision Adam step."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.data import load_har
 from helpers.dist.counting import CollectiveCounter
-from helpers.experiments.memory import state_bytes
+from helpers.experiments.memory import local_bytes, state_bytes
 from helpers.experiments.saved_activations import SavedActivations
 from helpers.experiments.split_training import Steps, gaps, one_worker
 from helpers.training.metrics import accuracy
@@ -152,6 +153,45 @@ def bytes_per_parameter(mixed: bool, optimizer: str = "adam") -> dict[str, int]:
     if not mixed:
         return {"parameters": 4, "gradients": 4, "master weights": 0, "optimizer": moments}
     return {"parameters": 2, "gradients": 2, "master weights": 4, "optimizer": moments}
+
+
+def held_per_parameter(mixed: bool, adam_on_bf16: bool = False) -> dict[str, float]:
+    """Bytes per parameter held after one Adam step of the reference MLP, read from the tensors
+    (``memory.state_bytes``; Adam's step counts, 4 bytes per tensor, included). In float32, the
+    model, its gradients and Adam. Mixed, as the Playbook counts it: a bf16 model computes the
+    forward and backward, so its weights and gradients are bf16; Adam updates a float32 master
+    copy, its moments in the master's dtype, and the result is copied back into the bf16 model.
+    ``adam_on_bf16`` is the mistake of giving Adam the bf16 model itself: its moments are bf16."""
+    torch.manual_seed(0)
+    model = make_mlp()
+    X, y = torch.randn(64, 561), torch.randint(0, 6, (64,))
+    if not mixed:
+        optimizer = torch.optim.Adam(model.parameters())
+        F.cross_entropy(model(X), y).backward()
+        optimizer.step()
+        held = state_bytes(model, optimizer)
+        held["master weights"] = 0
+    else:
+        master = [p.detach().clone().requires_grad_() for p in model.parameters()]
+        model = model.to(torch.bfloat16)
+        optimizer = torch.optim.Adam(model.parameters() if adam_on_bf16 else master)
+        F.cross_entropy(model(X.to(torch.bfloat16)).float(), y).backward()
+        if not adam_on_bf16:
+            for weight, p in zip(master, model.parameters(), strict=True):
+                weight.grad = p.grad.float()  # for the step only, then dropped
+            optimizer.step()
+            with torch.no_grad():
+                for weight, p in zip(master, model.parameters(), strict=True):
+                    p.copy_(weight)
+                    weight.grad = None
+        else:
+            optimizer.step()
+        held = state_bytes(model, optimizer)
+        held["master weights"] = 0 if adam_on_bf16 else sum(local_bytes(w) for w in master)
+    n = sum(p.numel() for p in model.parameters())
+    return {"parameters": held["parameters"] / n, "gradients": held["gradients"] / n,
+            "master weights": held["master weights"] / n,
+            "optimizer": held["optimizer_state"] / n}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- accuracy
