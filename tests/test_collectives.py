@@ -18,7 +18,7 @@ from helpers.dist.comm_model import (
     measure_allreduce,
     ring_factor,
 )
-from helpers.dist.launch import launch
+from helpers.dist.launch import WorkerError, launch
 
 # Lengths below, at and above the world size, none of them (except 2 for 2 workers) divisible
 # by it, plus one large enough that a message does not fit in a socket buffer.
@@ -132,3 +132,13 @@ def test_measure_allreduce_times_each_size_for_the_world_sizes_that_fit():
     assert len(table.attrs["skipped"]) == 1 and "64 workers" in table.attrs["skipped"][0]
     with pytest.raises(ValueError, match="no world size fits"):
         measure_allreduce(world_sizes=[64], sizes=[4096])
+
+
+def test_reduce_scatter_then_all_gather_is_an_all_reduce():
+    from helpers.dist.collectives import allreduce_in_two_halves
+
+    rows = launch(allreduce_in_two_halves, 2, 1000, 0)
+    assert [r["chunk is the sum's"] for r in rows] == [True, True]
+    assert [r["gathered = all_reduce"] for r in rows] == [True, True]
+    with pytest.raises(WorkerError, match="multiple of the world size"):
+        launch(allreduce_in_two_halves, 2, 1001, 0)

@@ -22,11 +22,11 @@ def test_all_reduce_and_all_gather_send_what_a_ring_sends(sent):
     # 2 workers: a ring all-reduce sends 2(N-1)/N = 1 message per worker, an all-gather half;
     # the TCP/IP headers add well under 5%
     assert sent["all_reduce"] == pytest.approx(MESSAGE, rel=0.05)
-    assert sent["all_gather_into_tensor"] == pytest.approx(MESSAGE / 2, rel=0.05)
+    assert sent["all_gather"] == pytest.approx(MESSAGE / 2, rel=0.05)
 
 
 def test_gloos_reduce_scatter_sends_a_whole_all_reduce(sent):
-    assert sent["reduce_scatter_tensor"] == pytest.approx(sent["all_reduce"], rel=0.05), (
+    assert sent["reduce_scatter"] == pytest.approx(sent["all_reduce"], rel=0.05), (
         "Gloo's reduce-scatter no longer sends a whole all-reduce: notebook 08's section 4 says "
         "it does, and must be revised"
     )

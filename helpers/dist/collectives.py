@@ -73,6 +73,29 @@ def collectives_tour(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
+def allreduce_in_two_halves(rank: int, world_size: int, n: int, seed: int) -> dict[str, Any]:
+    """Worker: ``dist.reduce_scatter_single`` then ``dist.all_gather_single``, the ring's two
+    halves as PyTorch names them (``reduce_scatter_tensor`` and ``all_gather_into_tensor``
+    before, which PyTorch 2.13 deprecates); FSDP calls them separately (notebook 08). Against one
+    ``dist.all_reduce`` of the same values (``rank_data``; ``n`` must split evenly)."""
+    if n % world_size:
+        raise ValueError(f"n must be a multiple of the world size {world_size}, got {n}")
+    values = rank_data(rank, n, seed)
+    summed = values.clone()
+    dist.all_reduce(summed)
+    chunk = torch.empty(n // world_size, dtype=values.dtype)
+    dist.reduce_scatter_single(chunk, values)  # this rank's chunk of the sum, and nothing else
+    whole = torch.empty_like(values)
+    dist.all_gather_single(whole, chunk)  # every rank's chunk, in rank order
+    mine = summed.view(world_size, -1)[rank]
+    return {
+        "rank": rank,
+        "chunk": f"{rank * len(chunk):,} to {(rank + 1) * len(chunk) - 1:,}",
+        "chunk is the sum's": bool(torch.equal(chunk, mine)),
+        "gathered = all_reduce": bool(torch.equal(whole, summed)),
+    }
+
+
 # --------------------------------------------------------------------------- the ring
 
 

@@ -22,7 +22,7 @@ from datetime import timedelta
 from helpers.dist.netns import INTERFACE, veth_pair
 from helpers.dist.processes import run_together
 
-COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def _sent() -> int:
@@ -46,8 +46,8 @@ def _worker(rank: int, address: str, port: int, message_bytes: int, repeats: int
     shard = torch.empty(len(whole) // 2)
     calls = {
         "all_reduce": lambda: dist.all_reduce(whole),
-        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(shard, whole),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(whole, shard),
+        "reduce_scatter": lambda: dist.reduce_scatter_single(shard, whole),
+        "all_gather": lambda: dist.all_gather_single(whole, shard),
     }
     sent: dict[str, list[int]] = {name: [] for name in COLLECTIVES}
     for _ in range(repeats):
