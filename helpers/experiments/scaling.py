@@ -306,9 +306,34 @@ def batch_for_speedup(
 # --------------------------------------------------------------------------- tables to read
 
 
-def speedup_text(table: pd.DataFrame) -> str:
-    """The sweep's timings for reading: one row per run, rates and ratios formatted."""
-    shown = table[["world", "global_batch", "seconds", "samples_per_s", "speedup", "efficiency"]]
+def add_baselines(table: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
+    """Speed-up of other layouts (``helpers.experiments.single_device``: one worker on every
+    core, workers that never communicate) over the sweep's 1-worker run at the same batch, and
+    efficiency per core: speed-up divided by how many times that run's cores the layout used,
+    as the sweep's efficiency divides by the workers."""
+    base = table[table["world"] == 1].set_index("global_batch")
+    missing = set(baselines["global_batch"]) - set(base.index)
+    if missing:
+        raise ValueError(f"no 1-worker run in the sweep for global batch {sorted(missing)}")
+    gained = speedup(baselines["global_batch"].map(base["seconds"]), baselines["seconds"])
+    cores = baselines["world"] * baselines["threads_per_worker"]
+    times = cores / baselines["global_batch"].map(base["threads_per_worker"])
+    return baselines.assign(speedup=gained, efficiency=gained / times)
+
+
+def speedup_text(table: pd.DataFrame, baselines: pd.DataFrame | None = None) -> str:
+    """The sweep's timings for reading: one row per run, rates and ratios formatted; with
+    ``baselines``, their rows beside the sweep's (a layout and a threads column added), and a
+    line per batch saying whether one worker on every core beat the sweep's most workers."""
+    columns = ["world", "global_batch", "seconds", "samples_per_s", "speedup", "efficiency"]
+    verdict = ""
+    if baselines is not None:
+        other = add_baselines(table, baselines)
+        table = pd.concat([table.assign(layout="DDP"), other], ignore_index=True)
+        table = table.sort_values("global_batch", kind="stable")
+        columns = ["layout", "world", "threads_per_worker"] + columns[1:]
+        verdict = "\n" + _single_device_verdict(table)
+    shown = table[columns].rename(columns={"threads_per_worker": "threads"})
     return shown.to_string(
         index=False,
         formatters={
@@ -317,7 +342,27 @@ def speedup_text(table: pd.DataFrame) -> str:
             "speedup": "{:.2f}x".format,
             "efficiency": "{:.0%}".format,
         },
-    )
+    ) + verdict
+
+
+def _single_device_verdict(both: pd.DataFrame) -> str:
+    """Per batch: the single device's speed-up against the most workers' DDP speed-up."""
+    lines = []
+    for batch, rows in both.groupby("global_batch"):
+        single = rows[rows["layout"] == "single device"]
+        ddp = rows[(rows["layout"] == "DDP") & (rows["world"] == rows["world"].max())]
+        if single.empty or ddp.empty or ddp["world"].iloc[0] < 2:
+            continue
+        s, d = single.iloc[0], ddp.iloc[0]
+        winner = "one worker on every core" if s["speedup"] > d["speedup"] else "DDP"
+        free = rows[(rows["layout"] == "no communication") & (rows["world"] == d["world"])]
+        alone = f" ({free['speedup'].iloc[0]:.2f}x never communicating)" if len(free) else ""
+        lines.append(
+            f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
+            f"{s['speedup']:.2f}x, {d['world']} DDP workers x {d['threads_per_worker']} "
+            f"{d['speedup']:.2f}x{alone}: {winner} faster"
+        )
+    return "\n".join(lines)
 
 
 def compute_fit_text(table: pd.DataFrame, compute: ComputeModel) -> str:

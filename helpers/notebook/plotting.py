@@ -9,6 +9,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
+from helpers.notebook.before_workers import draw_baselines
+
 # --------------------------------------------------------------------------- notebook 05: scaling
 
 _WORLD_COLOURS = {1: "C0", 2: "C1", 4: "C2", 8: "C3", 16: "C4"}
@@ -25,10 +27,13 @@ def plot_scaling(
     metric: str,
     banner: str,
     published_label: str = "published",
+    baselines: pd.DataFrame | None = None,
 ) -> Figure:
     """Speed-up or efficiency (``metric``) against the global batch on a log-2 axis, one colour
     per world size: measured points joined by lines, the model's prediction dashed, published
-    reference points as hollow stars. Tables need world, global_batch and the metric column."""
+    reference points as hollow stars; with ``baselines`` (``single_device.baseline_runs``), one
+    worker on every core and workers that never communicate. Tables need world, global_batch
+    and the metric column."""
     if metric not in _SCALING_METRICS:
         raise ValueError(f"metric must be one of {sorted(_SCALING_METRICS)}, got {metric!r}")
     name, ylabel = _SCALING_METRICS[metric]
@@ -46,6 +51,9 @@ def plot_scaling(
             ax.axhline(
                 world, color=_WORLD_COLOURS.get(world), lw=1, ls=":", label=f"ideal, {world}x"
             )
+    highest = 0.0
+    if baselines is not None:
+        highest = draw_baselines(ax, measured, baselines, metric, _WORLD_COLOURS)
     for world, group in predicted[predicted["world"] > 1].groupby("world"):
         group = group.sort_values("global_batch")
         ax.plot(
@@ -71,7 +79,7 @@ def plot_scaling(
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.minorticks_off()
-    tops = [measured[metric].max(), predicted[metric].max(), published[metric].max()]
+    tops = [measured[metric].max(), predicted[metric].max(), published[metric].max(), highest]
     if metric == "speedup":
         tops.append(measured["world"].max())
     ax.set_ylim(0, 1.1 * max(1.0, *tops))

