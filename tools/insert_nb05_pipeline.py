@@ -150,34 +150,38 @@ fig = plot_step_breakdown(steps_table, windows.banner)
 plt.show()
 """),
     ("markdown", """\
-**Reading the profile.** Where run 1's step is almost all *data wait*, the features of 64
-windows cost many times the forward, backward and optimizer together (a few milliseconds of a
-core per window, against about 0.1 ms of training per sample in section 3): the profile the
-article warns about. What each way out buys:
+**Reading the profile.** In run 1 almost the whole step is *data wait*: the features of 64
+windows take many times the forward, backward and optimizer together (several milliseconds of a
+core per window, against about 0.1 ms of training per sample in section 3). That is the profile
+the article warns about, and no change to the training can fix it. What each way out can buy:
 
-* **Prefetching alone (run 2)** hides at most the training's own share of the step: the loader
-  process computes the next batch while the training computes on this one, but one core still
-  computes every feature. When the data wait is most of the step, that changes little.
+* **Prefetching alone (run 2)** can hide at most the training's own share of the step: the
+  loader process computes the next batch while the training computes on this one, but a single
+  core still computes every feature.
 * **More loader processes (run 3)** help up to the cores they get: two compute two batches at
-  once. The training process makes a third busy process on 2 cores (flagged), but it sleeps
-  while it waits, so it costs little while the job is data-bound; once the data keeps up, it
-  competes with the loaders.
+  once. The training process makes a third busy process on 2 cores (flagged); it sleeps while it
+  waits, so it costs little while the job is data-bound, but once the data keeps up it competes
+  with the loaders for the same cores.
 * **The cache (run 4)** removes the wait: the features are computed once, not at every epoch,
-  and the step is the training's own, faster than any other run by far.
-* **2 DDP workers on the fly (run 5)**, the mistake: whatever they gain over run 1 comes from the
+  and the step is the training's own, tens of times shorter.
+* **2 DDP workers on the fly (run 5)**, the mistake. Whatever they gain over run 1 comes from the
   second core computing features (each worker computes its half of the batch), not from dividing
-  the training. The step is still mostly data wait, the gain stops at the number of cores, and a
-  single worker with loader processes (run 3) gets it as well, with no all-reduce and no second
+  the training: the step is still mostly data wait, the gain cannot pass the number of cores, and
+  loader processes give a single worker the same (run 3) without an all-reduce or a second
   replica. Set against the cache, both are slow.
-* **Loader processes on DDP workers (run 6)**: 4 busy processes on 2 cores. They add no cores,
+* **Loader processes on DDP workers (run 6)**: 4 busy processes on 2 cores. They bring no cores,
   they take turns on the same two, and a step ends only when both workers have their batch: the
-  one that waits longer for its data holds the other up in the all-reduce.
-* **Fixed (run 7)**: on the cached features, 2 workers at a global batch of 64 gain little or
-  lose; the sweep below shows why (a small batch's half does not pay for the all-reduce).
+  one that waits longer for its data holds the other up in the all-reduce (its *backward*).
+* **Fixed (run 7)**: on the cached features, 2 workers compete with one worker's cached step
+  (run 4), not with run 1; at a global batch of 64 the sweep below shows what that is worth.
+
+These are one sample each, and other programs on the machine move them: a process that gets no
+core gains nothing, so on a busy machine the runs with more processes can come out no faster at
+all. The shares of the step, and the cache's lead, hold however busy it is.
 
 So: profile one worker first. If its step waits for its data, fix the pipeline (cache whatever
-can be computed once; otherwise loader processes, on cores the training does not need), and only
-then measure what workers add, against the fixed single worker.
+can be computed once; otherwise loader processes, on cores that the training does not need), and
+only then measure what workers add, against the fixed single worker.
 
 ### The biggest single device
 
@@ -209,14 +213,23 @@ assert (baselines["threads_used"] == baselines["threads_per_worker"]).all()
 print(f"the single device: 1 worker running {available_cores()} intra-op threads, every core")
 """),
     ("markdown", """\
-**Which should win.** At small batches one worker on every core has the advantage on any machine:
-it pays no all-reduce, and its fixed costs per step are not paid twice. Where workers that
-never communicate beat the threads, the threads lose on splitting a step's products (small
-matrix products split over cores less well than batches split over processes); where DDP falls
-below those workers, the difference is the all-reduce. On the 2-core machine these notebooks
-were checked on, one worker on both cores was faster than 2 DDP workers at every global batch of
-the sweep: there, the biggest single device is the baseline that workers have to beat, and on
-one machine they did not. The table under the sweep says which was faster here.
+**Which should win.** At small batches one worker on every core has the advantage: it pays no
+all-reduce, and its fixed costs per step are not paid twice. Where workers that never
+communicate beat the threads, the threads lose on splitting a step's products (a small matrix
+product splits over cores less well than a batch splits over processes); where DDP falls below
+those workers, the difference is the all-reduce. The table under the sweep says which was faster
+here, batch by batch.
+
+Threads are also the more fragile of the two when other programs share the cores: every parallel
+operation of a step waits for its slowest thread, and PyTorch's OpenMP threads spin while they
+wait, burning the time slices their partner needs. On this course's 2-core machine, with other
+programs keeping its load average between 10 and 15, one worker on 2 threads took up to 12 times
+as long as on 1 thread at the small batches (about as long at 4096), while 2 workers of one
+thread each lost less than half of the speed-up they had on the quiet machine; a step at batch
+256 used about 30 ms of CPU on 1 thread and 115 to 205 ms on 2. Setting
+`OMP_WAIT_POLICY=PASSIVE` before the worker starts (threads sleep instead of spinning) brought
+those 2 threads back to about 30 ms of CPU per step. Measure the single device on a quiet machine,
+and record the load beside it (the machine facts at the top).
 """),
 ]
 

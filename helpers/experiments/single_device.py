@@ -81,7 +81,6 @@ def _rows(layout: str, results: list[RunResult], points: pd.DataFrame) -> list[d
                 "samples_per_s": point.timed_steps * run.global_batch / run.seconds,
                 "accuracy": run.accuracy,
                 "checksum": run.checksums[0],
-                "startup_seconds": run.startup_seconds,
             }
         )
     return rows
@@ -102,8 +101,8 @@ def baseline_runs(
     workers, never communicating. Returns one row per run: layout ("single device" or
     "no communication"), world, threads_per_worker, threads_used (the fewest intra-op threads a
     worker reported running with), global_batch, epochs, steps, timed_steps,
-    seconds (the slowest worker's), step_seconds, samples_per_s, accuracy, checksum (rank 0),
-    startup_seconds. Speed-ups come from ``scaling.add_baselines``, against the sweep's."""
+    seconds (the slowest worker's), step_seconds, samples_per_s, accuracy, checksum (rank 0).
+    Speed-ups come from ``scaling.add_baselines``, against the sweep's."""
     har = load_har(data)
     points = budget(global_batches, len(har.X_train), min_steps)
 

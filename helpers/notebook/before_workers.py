@@ -46,13 +46,14 @@ def plot_step_breakdown(table: pd.DataFrame, banner: str) -> Figure:
     right.set_xlim(0, 1)
     right.set_xlabel("share of the step")
     right.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
-    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(PARTS))
+    handles, names = right.get_legend_handles_labels()
+    fig.legend(handles, names, fontsize=8, loc="lower center", ncol=len(PARTS))
     for ax in (left, right):
         ax.grid(axis="x", alpha=0.3)
     batches = ", ".join(str(b) for b in sorted(table["global_batch"].unique()))
     fig.suptitle(f"Where a training step's time goes (torch.profiler, rank 0; global batch "
                  f"{batches})\n{banner}", fontsize=10)  # fmt: skip
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the legend below
     return fig
 
 
