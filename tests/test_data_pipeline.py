@@ -201,6 +201,7 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     np.testing.assert_allclose(both["efficiency"], [0.8, 2 / 2.2])
     text = speedup_text(sweep, baselines)
     assert "single device" in text and "1.60x" in text and "80%" in text
+    assert "1 worker x 2 threads 1.60x; 2 DDP workers x 1 thread(s) 1.25x" in text
     assert "1.25x (1.82x never communicating): one worker on every core faster" in text
     assert speedup_text(sweep) == speedup_text(sweep, None)  # unchanged without baselines
     with pytest.raises(ValueError, match="global batch \\[512\\]"):

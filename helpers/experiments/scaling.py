@@ -359,8 +359,8 @@ def _single_device_verdict(both: pd.DataFrame) -> str:
         alone = f" ({free['speedup'].iloc[0]:.2f}x never communicating)" if len(free) else ""
         lines.append(
             f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
-            f"{s['speedup']:.2f}x, {d['world']} DDP workers x {d['threads_per_worker']} "
-            f"{d['speedup']:.2f}x{alone}: {winner} faster"
+            f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
+            f"thread(s) {d['speedup']:.2f}x{alone}: {winner} faster"
         )
     return "\n".join(lines)
 
