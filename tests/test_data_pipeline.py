@@ -203,6 +203,10 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     assert "single device" in text and "1.60x" in text and "80%" in text
     assert "1 worker x 2 threads 1.60x; 2 DDP workers x 1 thread(s) 1.25x" in text
     assert "1.25x (1.82x never communicating): one worker on every core faster" in text
+    assert "the all-reduce decides" in text  # never communicating (1.82x) beat the threads (1.6x)
+    for seconds, why in [([2.0, 2.2], "threads beat even workers"), ([3.5, 2.2], "the batch")]:
+        slower = speedup_text(sweep, baselines.assign(seconds=seconds))
+        assert why in slower and "the all-reduce decides" not in slower
     assert speedup_text(sweep) == speedup_text(sweep, None)  # unchanged without baselines
     with pytest.raises(ValueError, match="global batch \\[512\\]"):
         add_baselines(sweep, baselines.assign(global_batch=512))
@@ -211,10 +215,14 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
 # --------------------------------------------------------------------------- the figures
 
 
-def _record(label: str, data_wait: float, over: bool = False) -> dict:
+def _record(
+    label: str, data_wait: float, over: bool = False, world: int = 1,
+    features: str = pl.ON_THE_FLY, loaders: int = 0,
+) -> dict:  # fmt: skip
     seconds = {"data wait": data_wait, "forward": 0.01, "backward": 0.02, "optimizer": 0.005}
     return {
-        "label": label, "global_batch": 32, "steps": 1, "busy_processes": 1,
+        "label": label, "global_batch": 32, "steps": 1, "busy_processes": world * (1 + loaders),
+        "world": world, "features": features, "loader_workers": loaders,
         "oversubscribed": over, "seconds": sum(seconds.values()) + 0.001,
         "regions": {k: {"seconds": v, "count": 1} for k, v in seconds.items()},
     }  # fmt: skip
@@ -242,3 +250,22 @@ def test_the_figures_draw_every_run_and_baseline_and_name_the_data():
     labels = [line.get_label() for line in fig.axes[0].get_lines()]
     assert "measured, 1 worker x 2 threads (every core)" in labels
     assert fig.axes[0].get_ylim()[1] >= 2.0  # the baseline's 2x is inside the axes
+
+
+def test_ddp_workers_on_the_fly_are_set_beside_as_many_loaders_and_the_cache():
+    records = [
+        _record("1 worker", 0.5),
+        _record("1 worker + 1 loader", 0.45, loaders=1),  # fewer cores on features than DDP
+        _record("1 worker + 2 loaders", 0.2, loaders=2),
+        _record("1 worker, cached", 0.0001, features=pl.CACHED),
+        _record("2 DDP workers", 0.25, world=2),
+        _record("2 DDP workers + loader each", 0.2, over=True, world=2, loaders=1),
+    ]
+    text = pl.data_bound_text(pl.pipeline_table(records, cores=2))
+    lines = text.splitlines()
+    # by hand: steps of 0.536, 0.236, 0.0361 and 0.286 s; 0.536 / 0.286 = 1.87x, 0.25 s waited
+    assert lines[0] == "2 DDP workers: 1.87x, the data wait still 87% of the step"
+    assert lines[1] == "  against 1 worker + 2 loaders (3 on 2 busy): 2.27x"
+    assert lines[2] == "  against 1 worker, cached (1 on 2 busy): 14.85x"
+    assert len(lines) == 3  # the loader runs on DDP workers are the table's, not this comparison
+    assert pl.data_bound_text(pl.pipeline_table(records[:4], cores=2)) == ""  # no DDP run

@@ -334,6 +334,9 @@ def pipeline_table(records: Sequence[dict], cores: int | None = None) -> pd.Data
         rows.append(
             {
                 "run": r["label"],
+                "world": r["world"],
+                "features": r["features"],
+                "loader_workers": r["loader_workers"],
                 "global_batch": r["global_batch"],
                 "busy": f"{r['busy_processes']} on {cores}",
                 "oversubscribed": r["oversubscribed"],
@@ -363,3 +366,29 @@ def pipeline_text(table: pd.DataFrame) -> str:
             "data wait share": "{:.0%}".format,
         },
     )
+
+
+def data_bound_text(table: pd.DataFrame) -> str:
+    """What N DDP workers computing features on the fly bought, set beside one worker whose N
+    loader processes compute them (as many cores on features, no second replica) and beside the
+    cache. Speed-ups are over the table's first run; a run missing from the table is left out."""
+
+    def pick(world: int, features: str, loaders: int) -> pd.Series | None:
+        rows = table[(table["world"] == world) & (table["features"] == features)
+                     & (table["loader_workers"] == loaders)]  # fmt: skip
+        return rows.iloc[0] if len(rows) else None
+
+    lines = []
+    for world in sorted(w for w in table["world"].unique() if w > 1):
+        ddp = pick(world, ON_THE_FLY, 0)
+        if ddp is None:
+            continue
+        lines.append(
+            f"{ddp['run']}: {ddp['speedup']:.2f}x, the data wait still "
+            f"{ddp['data wait share']:.0%} of the step"
+        )
+        for other in (pick(1, ON_THE_FLY, world), pick(1, CACHED, 0)):
+            if other is not None:
+                lines.append(f"  against {other['run']} ({other['busy']} busy): "
+                             f"{other['speedup']:.2f}x")  # fmt: skip
+    return "\n".join(lines)

@@ -334,15 +334,10 @@ def speedup_text(table: pd.DataFrame, baselines: pd.DataFrame | None = None) -> 
         columns = ["layout", "world", "threads_per_worker"] + columns[1:]
         verdict = "\n" + _single_device_verdict(table)
     shown = table[columns].rename(columns={"threads_per_worker": "threads"})
-    return shown.to_string(
-        index=False,
-        formatters={
-            "seconds": "{:.2f}".format,
-            "samples_per_s": "{:,.0f}".format,
-            "speedup": "{:.2f}x".format,
-            "efficiency": "{:.0%}".format,
-        },
-    ) + verdict
+    formats = {"seconds": "{:.2f}", "samples_per_s": "{:,.0f}", "speedup": "{:.2f}x",
+               "efficiency": "{:.0%}"}  # fmt: skip
+    text = shown.to_string(index=False, formatters={k: f.format for k, f in formats.items()})
+    return text + verdict
 
 
 def _single_device_verdict(both: pd.DataFrame) -> str:
@@ -361,8 +356,20 @@ def _single_device_verdict(both: pd.DataFrame) -> str:
             f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
             f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
             f"thread(s) {d['speedup']:.2f}x{alone}: {winner} faster"
+            + _why(s["speedup"], d["speedup"], free["speedup"].iloc[0] if len(free) else None)
         )
     return "\n".join(lines)
+
+
+def _why(single: float, ddp: float, free: float | None) -> str:
+    """The reason, as the workers that never communicate tell it (none without them)."""
+    if free is None:
+        return ""
+    if single <= ddp:
+        return "\n    the batch split over workers beat a step's products split over threads"
+    if free > single:
+        return "\n    the all-reduce decides: the same workers without it beat the threads"
+    return "\n    threads beat even workers without an all-reduce: a step split well over them"
 
 
 def compute_fit_text(table: pd.DataFrame, compute: ComputeModel) -> str:
