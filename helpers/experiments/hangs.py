@@ -13,8 +13,8 @@ timeout: 30 minutes by default for Gloo (``torch.distributed.constants.default_p
 
 Each worker writes what it saw into a folder: its stderr (the C++ logs of c10d and Gloo go
 there), how long it waited in the collective that failed, and the flight recorder's record of
-its collectives (``TORCH_FR_BUFFER_SIZE``; Gloo's collectives are recorded since PyTorch 2.8 and
-dumped on request, ``torch._C._distributed_c10d._dump_fr_trace``). ``worker_environment`` sets
+its collectives (``TORCH_FR_BUFFER_SIZE``; in PyTorch 2.13 it records Gloo's collectives,
+dumped on request with ``torch._C._distributed_c10d._dump_fr_trace``). ``worker_environment`` sets
 the variables the workers must see before their process group is created
 (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, ``TORCH_FR_BUFFER_SIZE``): a spawned worker inherits them.
 """

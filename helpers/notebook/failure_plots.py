@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
 
 _PARTS = {  # column of helpers.experiments.straggler.step_table: (label, colour, hatch)
     "compute": ("forward + backward", "C0", None),
@@ -64,6 +65,10 @@ def plot_time_cost(table: pd.DataFrame, banner: str, target: float, prices_note:
     missing = sorted(set(table["global_batch"]) - set(reached["global_batch"]))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # 2, 5, 10, 20 rather than 2 x 10^0
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25"
+                                               else ""))  # fmt: skip
     ax.set_xlabel(f"seconds of training to {target:.0%} test accuracy (log)")
     ax.set_ylabel("cost to get there (millionths of a dollar, log)")
     note = f"; not reached at B={', '.join(map(str, missing))}" if missing else ""
