@@ -18,6 +18,7 @@ figures with their sources: replace them with your own.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import torch
 from helpers.data import load_har
 from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process, train_steps
 from helpers.training.config import make_model, steps_per_epoch
+from helpers.training.runs import torch_threads
 
 UNTIMED = 2  # steps before the clock starts (DDP builds its buckets at the first)
 
@@ -90,15 +92,9 @@ def epochs_to_target(global_batch: int, target: float, max_epochs: int, lr: floa
             raise _Reached
         return accuracies[-1]
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads), contextlib.suppress(_Reached):
         torch.manual_seed(config.seed)
         train_steps(make_model(config), X, y, config, evaluate=evaluate)
-    except _Reached:
-        pass
-    finally:
-        torch.set_num_threads(previous)
     reached = accuracies[-1] >= target if accuracies else False
     return {"global_batch": global_batch, "epochs": len(accuracies) if reached else math.inf,
             "accuracies": accuracies}  # fmt: skip
