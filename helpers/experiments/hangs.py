@@ -179,7 +179,8 @@ def run_hang(kind: str, folder: str | Path, collective_timeout: float = 3.0) -> 
 
 def flight_table(folder: Path) -> pd.DataFrame:
     """Every rank's flight record (``fr_RANK`` files) as one table: rank, seq (the collective's
-    number in its group), op, sizes, and whether it completed."""
+    number in its group), op, sizes, and whether it had finished, successfully or not
+    (``completed``: the entry is retired; a collective that timed out may already be)."""
     rows = []
     for path in sorted(Path(folder).glob("fr_*")):
         dump = pickle.loads(path.read_bytes())
