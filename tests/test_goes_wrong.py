@@ -166,8 +166,10 @@ def test_default_timeouts_are_read_from_torch():
 def test_a_hang_under_torchrun_is_stopped_and_nothing_of_it_survives():
     """torchrun's workers run in sessions of their own: whatever stops the job must stop them
     too. The job's processes are found by a tag in their environment."""
-    hang = hangs.torchrun_hang(timeout=20.0)
-    assert not hang.finished
+    hang = hangs.torchrun_hang(hang_for=20.0)
+    assert not hang.finished and all(code != 0 for code in hang.returncodes)
+    assert not any("rror" in line for node in hang.before_stop for line in node)
+    assert all(any("death signal" in line for line in node) for node in hang.after_stop)
     assert hang.left == []
 
 

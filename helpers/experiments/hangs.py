@@ -25,8 +25,9 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import signal
-import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -224,25 +225,58 @@ MISMATCHED_ARGS = ["--global-batch", "320", "--epochs", "1", "--threads-per-work
 class TorchrunHang:
     """What torchrun did with a job that hangs, and what was left of it afterwards."""
 
-    finished: bool  # False: torchrun was still running at the timeout, and was stopped
-    seconds: float
-    stderr: list[str]  # each node's, if it finished
+    finished: bool  # True if the job ended by itself before it was stopped
+    seconds: float  # from the start to the end of every torchrun
+    before_stop: list[list[str]]  # each node's lines of output before the stop signal
+    after_stop: list[list[str]]  # each node's log lines from the stop on (pids as PID)
+    returncodes: list[int]
     left: list[int]  # processes of the job still alive afterwards (then killed)
 
 
-def torchrun_hang(timeout: float = 20.0) -> TorchrunHang:
+def _torchrun_agents(tag: dict[str, str]) -> list[int]:
+    """The torchrun processes among those that carry ``tag``."""
+    commands = leftovers.commands(leftovers.tagged(tag))
+    return [pid for pid, command in commands.items() if "torch.distributed.run" in command]
+
+
+def _split_at_stop(stderr: str) -> tuple[list[str], list[str]]:
+    """A node's output before the stop signal, and its log lines from it on, without the
+    traceback, times and process ids."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    at = next((i for i, line in enumerate(lines) if "death signal" in line), len(lines))
+    after = [re.sub(r"\b\d{3,}\b", "PID", line.split("] ", 1)[-1]) for line in lines[at:]
+             if not line.startswith((" ", "Traceback"))]  # fmt: skip
+    return lines[:at], after
+
+
+def torchrun_hang(hang_for: float = 20.0, grace: float = 30.0) -> TorchrunHang:
     """``python -m helpers.train`` on two nodes of one worker each whose data differ
-    (``MISMATCHED_NODES``), through ``helpers.dist.cluster.run_torchrun``, stopped after
-    ``timeout`` seconds. Every process of the job carries a tag, so that those torchrun's kill
-    would orphan are found (``left``), and killed."""
+    (``MISMATCHED_NODES``), through ``helpers.dist.cluster.run_torchrun``; after ``hang_for``
+    seconds every torchrun is sent SIGTERM, as a scheduler stops a job (Slurm at its time
+    limit, ``scancel``), and its agent stops its workers. Every process of the job carries a
+    tag, so that any left afterwards is found (``left``), wherever it was re-parented, and
+    killed."""
     tag = leftovers.new_tag()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["run"] = run_torchrun(MISMATCHED_ARGS, nproc_per_node=1, nnodes=2,
+                                          timeout=hang_for + grace + 60, env=tag,
+                                          prefixes=MISMATCHED_NODES)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below, in this thread
+            outcome["error"] = exc
+
     started = time.monotonic()
-    try:
-        run = run_torchrun(MISMATCHED_ARGS, nproc_per_node=1, nnodes=2, timeout=timeout,
-                           prefixes=MISMATCHED_NODES, env=tag)  # fmt: skip
-    except (TimeoutError, subprocess.TimeoutExpired):
-        run = None
-    seconds = time.monotonic() - started
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(hang_for)
+    finished = not thread.is_alive()
+    if not finished:
+        for pid in _torchrun_agents(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        thread.join(grace)
     deadline, left = time.monotonic() + 5.0, leftovers.tagged(tag)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -250,4 +284,10 @@ def torchrun_hang(timeout: float = 20.0) -> TorchrunHang:
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    return TorchrunHang(run is not None, seconds, run.stderr if run else [], left)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    run = outcome["run"]
+    split = [_split_at_stop(err) for err in run.stderr]
+    return TorchrunHang(finished, time.monotonic() - started, [b for b, _ in split],
+                        [a for _, a in split], run.returncodes, left)  # fmt: skip

@@ -116,3 +116,13 @@ def tagged(tag: dict[str, str]) -> list[int]:
     out = subprocess.run(["ps", "-A", "-E", "-o", "pid=,command="], capture_output=True,
                          text=True).stdout  # fmt: skip
     return sorted(int(line.split()[0]) for line in out.splitlines() if mark in line.split())
+
+
+def commands(pids: list[int]) -> dict[int, str]:
+    """Each live process's command line, from ``ps`` (Linux and macOS alike)."""
+    if not pids:
+        return {}
+    out = subprocess.run(["ps", "-o", "pid=,command=", "-p", ",".join(map(str, pids))],
+                         capture_output=True, text=True).stdout  # fmt: skip
+    return {int(line.split(None, 1)[0]): line.split(None, 1)[1] for line in out.splitlines()
+            if len(line.split(None, 1)) == 2}  # fmt: skip
