@@ -26,3 +26,14 @@ def har_environment(monkeypatch: pytest.MonkeyPatch, session_har_root: Path) -> 
     monkeypatch.setenv("HAR_ROOT", str(session_har_root))
     if (os.environ.get("HAR_DATA") or "auto").strip().lower() == "auto":
         monkeypatch.setenv("HAR_DATA", "recordings")
+
+
+@pytest.fixture
+def namespaces() -> None:
+    """Skip, with the reason, where this process cannot create network namespaces. Checked when
+    a test asks for it, not when the tests are collected: the check creates a namespace."""
+    from helpers.dist.netns import why_no_namespaces
+
+    why = why_no_namespaces()
+    if why is not None:
+        pytest.skip(why)

@@ -14,16 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.dist.cluster import _address, listening_addresses, run_torchrun
-from helpers.dist.slurm_cluster import (
-    NODES,
-    RDZV_PORT,
-    SLURM_SCRIPT,
-    SLURMCTLD_PORT,
-    SLURMD_PORT,
-    slurm_cluster,
-    why_no_slurm,
-)
+from helpers.dist.cluster import run_torchrun
+from helpers.dist.loopback import _address, listening_addresses
+from helpers.dist.slurm_cluster import RDZV_PORT, SLURM_SCRIPT, slurm_cluster, why_no_slurm
+from helpers.dist.slurm_config import NODES, SLURMCTLD_PORT, SLURMD_PORT
 from helpers.dist.slurm_jobs import (
     CPUS,
     restart_counts,

@@ -24,21 +24,41 @@ from typing import IO
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write via a temporary file and os.replace, so readers never see a half-written file.
+    """Write via a temporary file and os.replace, so readers never see a half-written file, and
+    fsync the file before the rename and its folder after it, so that a crash of the machine
+    (not only of this process) leaves the old file or the whole new one, never an empty one.
 
-    The temporary file is ``.<name>.<pid>.<random>.tmp`` beside ``path``: a killed writer's
-    leftover matches ``.<name>*.tmp``, for :func:`remove_stale`.
+    The temporary file is ``.<name>.<pid>.<random>.tmp`` beside ``path``, removed if anything
+    fails; only a writer killed outright leaves it, matching ``.<name>*.tmp`` for
+    :func:`remove_stale`.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(tmp, "xb") as f:  # unlike mkstemp, keeps the usual permissions
             write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable. Some systems cannot open or fsync a folder (Windows,
+    some network file systems): there the rename is as durable as the system makes it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _held: dict[Path, int] = {}  # lock files this process holds, with their nesting depth

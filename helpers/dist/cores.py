@@ -12,12 +12,14 @@ ARTICLE_THREADS_PER_WORKER = 2  # the reference article gave each worker (one "m
 
 CORES_ENV = "DDP_COURSE_CORES"  # use at most this many cores (make test: 2, the reference machine)
 
+
 def machine_cores() -> int:
     """Cores this process may run on (respects CPU affinity and container limits on Linux)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
 
 def available_cores() -> int:
     """Cores the course plans with: the machine's, capped by ``$DDP_COURSE_CORES`` if set.
@@ -33,6 +35,7 @@ def available_cores() -> int:
         raise ValueError(f"{CORES_ENV} must be a whole number of cores, at least 1; got {cap!r}")
     return min(cores, int(cap))
 
+
 def default_threads_per_worker(cores: int | None = None) -> int:
     """The article's 2 threads per worker where the cores allow it, else fewer so that at least
     2 workers fit (1 thread each on a 2-core machine)."""
@@ -42,6 +45,7 @@ def default_threads_per_worker(cores: int | None = None) -> int:
         if cores >= 2 * ARTICLE_THREADS_PER_WORKER
         else max(1, cores // 2)
     )
+
 
 @dataclass(frozen=True)
 class WorldPlan:
@@ -57,6 +61,7 @@ class WorldPlan:
     @property
     def total_threads(self) -> int:
         return self.world_size * self.threads_per_worker
+
 
 def plan_world_sizes(
     world_sizes: Sequence[int],
@@ -93,6 +98,7 @@ def plan_world_sizes(
             )
             plans.append(WorldPlan(world, threads, cores, False, True, reason))
     return plans
+
 
 def thread_policy_note(cores: int | None = None) -> str:
     """One line saying how many threads each worker gets here and why."""

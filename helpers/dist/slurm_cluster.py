@@ -26,6 +26,7 @@ netns pids NS`` lists the processes to kill, then ``ip netns del NS``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -39,10 +40,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.dist.cluster import REPO, SCHEDULER_FILES, listening_addresses
+from helpers.dist.cluster import REPO, SCHEDULER_FILES
+from helpers.dist.loopback import listening_addresses
 from helpers.dist.netns import VethPair, veth_pair, why_no_namespaces
+from helpers.dist.slurm_config import (
+    NODES,
+    hosts_file,
+    write_config,
+)
 
-NODES = ("node1", "node2")  # each namespace's host name and Slurm node name
 PROGRAMS = {
     "munged": "munge",
     "slurmctld": "slurmctld",
@@ -62,7 +68,6 @@ FINISHED = {
     "PREEMPTED",
     "TIMEOUT",
 }
-SLURMCTLD_PORT, SLURMD_PORT = 6817, 6818
 SLURM_SCRIPT = REPO / SCHEDULER_FILES["slurm"]  # the batch script, unchanged
 RDZV_PORT = 29500  # the batch script's default; each namespace has its own ports
 
@@ -224,71 +229,6 @@ class SlurmCluster:
         return "\n".join(parts)
 
 
-def write_config(root: Path, pair: VethPair, nodes: tuple[str, str] = NODES) -> Path:
-    """slurm.conf for the two namespaces: everything under ``root``, everything as root,
-    no cgroup plugin (``proctrack/linuxproc``, ``task/none``), munge's socket in ``root``."""
-    node_lines = [
-        f"NodeName={name} NodeAddr={address} NodeHostname={name} CPUs=1 State=UNKNOWN"
-        for name, address in zip(nodes, pair.addresses, strict=True)
-    ]
-    text = f"""\
-# written by helpers.dist.slurm_cluster for a cluster in two network namespaces on one machine
-ClusterName=ddpcourse
-SlurmctldHost={nodes[0]}({pair.addresses[0]})
-SlurmctldPort={SLURMCTLD_PORT}
-SlurmdPort={SLURMD_PORT}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={root}/munge.socket
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool-%n
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd-%n.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-PlugStackConfig={root}/plugstack.conf
-TmpFS={root}
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SchedulerType=sched/builtin
-MpiDefault=none
-SwitchType=switch/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/filetxt
-JobCompLoc={root}/jobcomp.log
-MinJobAge=3600
-ReturnToService=2
-SlurmdTimeout=60
-InactiveLimit=0
-KillWait=5
-SlurmdParameters=config_overrides
-CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
-{chr(10).join(node_lines)}
-PartitionName=course Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-    conf = root / "slurm.conf"
-    conf.write_text(text)
-    (root / "plugstack.conf").write_text("")
-    return conf
-
-
-def hosts_file(addresses: tuple[str, str], nodes: tuple[str, str]) -> str:
-    """Both nodes' ``/etc/hosts``: their names and addresses, and the same as IPv4-mapped IPv6
-    addresses, which is how torch's store, listening on IPv6, sees IPv4 peers (without them
-    each connection logs that its peer's name cannot be found)."""
-    lines = ["127.0.0.1 localhost", "::1 localhost", "::ffff:127.0.0.1 localhost"]
-    lines += [f"{a} {n}" for a, n in zip(addresses, nodes, strict=True)]
-    lines += [f"::ffff:{a} {n}" for a, n in zip(addresses, nodes, strict=True)]
-    return "\n".join([*lines, ""])
-
-
 def _as_host(name: str, hosts: Path, argv: list[str]) -> list[str]:
     """``argv`` as if on the machine ``name``: a UTS namespace whose host name is ``name`` and a
     mount namespace whose ``/etc/hosts`` is ``hosts`` (the pid stays: nothing forks). Not
@@ -335,25 +275,23 @@ def _stop(cluster: SlurmCluster, grace: float = 10) -> None:
             proc.terminate()
     deadline = time.monotonic() + grace
     for proc in cluster.daemons.values():
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    _kill_what_is_left(cluster, grace)
+    for proc in cluster.daemons.values():
+        proc.wait()
+
+
+def _kill_what_is_left(cluster: SlurmCluster, grace: float) -> None:
+    """SIGKILL every process left in the namespaces until none is, or fail after ``grace``."""
     deadline = time.monotonic() + grace
-    while True:
-        left = [pid for node in range(2) for pid in cluster.pids(node)]
-        if not left:
-            break
+    while left := [pid for node in range(2) for pid in cluster.pids(node)]:
         for pid in left:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"processes {left} in the cluster's namespaces would not stop")
         time.sleep(0.1)
-    for proc in cluster.daemons.values():
-        proc.wait()
 
 
 @contextmanager

@@ -21,6 +21,11 @@ The exercise convention these tools rely on (notebooks 01-06 follow it):
   line starting with ``# Check``; it holds the asserts and uses only names the exercise statement
   asks for. The student edition keeps it, so a student can check their own answer (and a grader
   can run it). Asserts that sit inside the solution cell leave with the solution.
+* A solution can be a **skeleton** instead: if lines of its (first) cell end in a ``# TODO``
+  comment, the student edition keeps that cell, expanded, with only those lines blanked. A line
+  ending ``# TODO: what to write`` becomes ``# TODO: what to write`` at its indentation; a line
+  ending in a bare ``# TODO`` (the rest of a statement already marked) is dropped. Notebook 04's
+  training script is one: the student fills in its key lines.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from nbformat import NotebookNode
 SOLUTION_MARK = "*Solution*"
 CHECK_LINE = re.compile(r"^# Check\b", re.MULTILINE)
 PLACEHOLDER = "# your solution here"
+# a line of code that ends in a TODO comment: a line a skeleton solution leaves blank
+TODO_LINE = re.compile(r"^(?P<indent>[ \t]*)[^\s#].*?[ \t]*#[ \t]*TODO(?P<hint>:.*)?$")
 
 # The kernel every notebook is written for, without what depends on the machine that ran it last
 # (the Python patch version) or on how its kernelspec was installed (the display name).
@@ -154,9 +161,31 @@ def _without_solution_prose(source: str) -> str:
     return "".join(lines[:cut]).rstrip()
 
 
+def skeleton(source: str) -> str | None:
+    """A solution's source with its ``# TODO`` lines blanked (the module's doc says how), or
+    None if no line ends in ``# TODO``."""
+    kept, blanked = [], False
+    for line in source.splitlines():
+        todo = TODO_LINE.match(line)
+        if todo is None:
+            kept.append(line)
+            continue
+        blanked = True
+        if todo["hint"]:
+            kept.append(f"{todo['indent']}# TODO{todo['hint']}")
+    return "\n".join(kept) if blanked else None
+
+
+def student_solution(source: str) -> str:
+    """What the student edition puts in place of a solution's first cell: its skeleton, or
+    ``# your solution here``."""
+    return skeleton(source) or PLACEHOLDER
+
+
 def student_edition(nb: NotebookNode) -> NotebookNode:
     """The notebook as a student gets it: every solution replaced by one empty code cell saying
-    ``# your solution here``, the prose answers cut, every output cleared, check cells kept."""
+    ``# your solution here`` (or by its skeleton), the prose answers cut, every output cleared,
+    check cells kept."""
     found = exercises(nb)
     first = {ex.solution[0] for ex in found}
     rest = {i for ex in found for i in ex.solution[1:]}
@@ -165,7 +194,7 @@ def student_edition(nb: NotebookNode) -> NotebookNode:
         if index in rest:
             continue
         if index in first:
-            cells.append(nbformat.v4.new_code_cell(PLACEHOLDER, id=cell.id))
+            cells.append(nbformat.v4.new_code_cell(student_solution(cell.source), id=cell.id))
             continue
         cell = copy.deepcopy(cell)
         if _is_marker(cell):
