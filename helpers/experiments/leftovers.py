@@ -20,10 +20,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-try:  # where helpers/dist keeps its /proc reader of listening sockets
-    from helpers.dist.loopback import listening_addresses
-except ImportError:
-    from helpers.dist.cluster import listening_addresses
+from helpers.dist.loopback import listening_addresses
 
 TAG_VARIABLE = "DDP_COURSE_RUN_TAG"
 
