@@ -271,3 +271,35 @@ def test_epochs_to_target_stops_at_the_target_or_gives_inf():
     assert reached["epochs"] == 1 and len(reached["accuracies"]) == 1
     never = cost.epochs_to_target(2048, target=1.01, max_epochs=2, data="recordings")
     assert never["epochs"] == np.inf and len(never["accuracies"]) == 2
+
+
+# --------------------------------------------------------------------------- every cell
+
+
+def test_the_cell_guard_names_the_cell_that_left_a_process_or_a_socket():
+    """Notebook 11 asserts at its end that no cell left anything; this is the guard failing."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from helpers.notebook.cell_guard import watch_cells
+
+    shell = InteractiveShell.instance()
+    guard = watch_cells(shell, wait=0.5)
+    try:
+        shell.run_cell("x = 1", store_history=True)
+        shell.run_cell("import subprocess, sys\n"
+                       "child = subprocess.Popen([sys.executable, '-c', 'import time; "
+                       "time.sleep(30)'])", store_history=True)  # fmt: skip
+        shell.run_cell("import socket\nserver = socket.create_server(('127.0.0.1', 0))",
+                       store_history=True)  # fmt: skip
+        child, server = shell.user_ns["child"], shell.user_ns["server"]
+        assert guard.cells == 3 and [f["cell"] for f in guard.found] == [2, 3]
+        assert guard.found[0]["processes"] == [child.pid]
+        assert guard.found[1]["listening"] == [f"127.0.0.1:{server.getsockname()[1]}"]
+        shell.run_cell("child.kill(); child.wait(); server.close()", store_history=True)
+        assert len(guard.found) == 2  # gone again: nothing new
+    finally:
+        guard.stop()
+        shell.run_cell("child.kill(); child.wait(); server.close()")  # if an assert failed
+        InteractiveShell.clear_instance()
+    shell.run_cell("y = 2")  # not watched any more
+    assert guard.cells == 4
