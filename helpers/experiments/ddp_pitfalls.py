@@ -5,7 +5,8 @@ parameter's gradient at every step on every rank. Two ordinary situations break 
 
 * **Unused parameters**: a model with a branch a step does not use (an auxiliary head, a
   mixture-of-experts layer that gets no token) never produces those gradients, so their bucket
-  never fills, and DDP stops at the next step with an error naming them.
+  never fills, and DDP stops at the next step with an error listing them (by
+  index; by name with ``TORCH_DISTRIBUTED_DEBUG=INFO``).
   ``find_unused_parameters=True`` makes DDP walk the autograd graph after every forward to mark
   what was not used (a cost every step); ``static_graph=True`` learns the set once, at the
   first step, when it is the same at every step.
