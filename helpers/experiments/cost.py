@@ -1,0 +1,139 @@
+"""What reaching an accuracy costs, in time, money and energy, on 1 or N workers (notebook 11).
+
+Every configuration here does the same training: DDP's N workers do what one worker does on the
+whole global batch (notebook 03), so the epochs needed to reach a target test accuracy depend on
+the global batch and the learning rate, not on how the work is split. ``epochs_to_target``
+trains in this process until the target is reached (the same training, without workers); the
+seconds per step of each configuration are measured separately (``step_seconds``: a short timed
+run of each). Then, for each configuration and global batch::
+
+    time   = epochs * steps per epoch * seconds per step
+    cost   = time * cores * price per core-hour / 3600
+    energy = time * cores * watts per core
+
+Every core a configuration holds is paid for, busy or waiting. Start-up, evaluation and data
+loading are left out (seconds here, the same for every configuration). ``Prices`` holds example
+figures with their sources: replace them with your own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from helpers.data import load_har
+from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process, train_steps
+from helpers.training.config import make_model, steps_per_epoch
+from helpers.training.runs import torch_threads
+
+UNTIMED = 2  # steps before the clock starts (DDP builds its buckets at the first)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a core costs per hour and draws in watts: examples, to be replaced by your own."""
+
+    usd_per_core_hour: float = 0.34 / 8
+    usd_source: str = (
+        "AWS c5.2xlarge (8 vCPUs) On-Demand, US East (N. Virginia): $0.34 an hour, as printed in "
+        "AWS's EC2 Auto Scaling User Guide, 'Spot price per unit hour example', which calls it "
+        "example, not current, pricing (a stored copy, read 2026-12-01); $0.0425 per vCPU-hour"
+    )
+    watts_per_core: float = 360 / 192
+    watts_source: str = (
+        "AMD EPYC 9654 (Genoa, 2022): default TDP 360 W for 96 cores, 192 threads, per AMD's "
+        "specification (as tabulated at hpctech.co.jp/product/amd-epyc-9004-series/, read "
+        "2026-12-01); 1.9 W per hardware thread, the processor alone (no memory, fans or "
+        "power supply), so a lower bound"
+    )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How a training is laid out on cores: ``workers`` processes of ``threads`` threads."""
+
+    workers: int
+    threads: int
+
+    @property
+    def cores(self) -> int:
+        return self.workers * self.threads
+
+    @property
+    def name(self) -> str:
+        return f"{self.workers} worker{'s' * (self.workers > 1)} x {self.threads} thread" + (
+            "s" * (self.threads > 1)
+        )
+
+
+class _Reached(Exception):
+    """Raised from the per-epoch evaluation to stop the training at the target."""
+
+
+def epochs_to_target(global_batch: int, target: float, max_epochs: int, lr: float = 0.05,
+                     data: str | None = None, threads: int = 1) -> dict:  # fmt: skip
+    """Train in this process, evaluating after each epoch, until the test accuracy reaches
+    ``target`` (or ``max_epochs`` pass): the epochs it took (``inf`` if never) and the
+    accuracy after each epoch."""
+    har = load_har(data)
+    X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
+    X_test, y_test = torch.from_numpy(har.X_test), torch.from_numpy(har.y_test)
+    config = TrainConfig(global_batch=global_batch, epochs=max_epochs, lr=lr, data=har.source)
+    accuracies: list[float] = []
+
+    def evaluate(model: torch.nn.Module) -> float:
+        accuracies.append(accuracy(model, X_test, y_test))
+        if accuracies[-1] >= target:
+            raise _Reached
+        return accuracies[-1]
+
+    with torch_threads(threads), contextlib.suppress(_Reached):
+        torch.manual_seed(config.seed)
+        train_steps(make_model(config), X, y, config, evaluate=evaluate)
+    reached = accuracies[-1] >= target if accuracies else False
+    return {"global_batch": global_batch, "epochs": len(accuracies) if reached else math.inf,
+            "accuracies": accuracies}  # fmt: skip
+
+
+def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: int = 12,
+                 data: str | None = None) -> pd.DataFrame:  # fmt: skip
+    """Seconds per step of each setup at each global batch: ``steps`` steps, the first
+    ``UNTIMED`` off the clock. One worker runs in this process; N workers in one launch (all
+    batches one after the other). Columns: workers, threads, cores, global_batch, step_seconds."""
+    har = load_har(data)
+    rows = []
+    for setup in setups:
+        configs = [TrainConfig(global_batch=b, epochs=1, max_steps=steps, untimed_steps=UNTIMED,
+                               data=har.source) for b in global_batches]  # fmt: skip
+        if setup.workers == 1:
+            runs = [train_in_process(c, threads=setup.threads) for c in configs]
+        else:
+            runs = run_trainings(setup.workers, configs, threads_per_worker=setup.threads)
+        for config, run in zip(configs, runs, strict=True):
+            rows.append({"setup": setup.name, "workers": setup.workers, "threads": setup.threads,
+                         "cores": setup.cores, "global_batch": config.global_batch,
+                         "step_seconds": run.seconds / (steps - UNTIMED)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def cost_table(steps: pd.DataFrame, epochs: pd.DataFrame, n_samples: int,
+               prices: Prices = Prices()) -> pd.DataFrame:  # fmt: skip
+    """Time, cost and energy to the target for every setup and global batch: ``steps`` from
+    ``step_seconds``, ``epochs`` with columns global_batch and epochs (from
+    ``epochs_to_target``). A batch that never reached the target gets ``inf`` throughout."""
+    table = steps.merge(epochs[["global_batch", "epochs"]], on="global_batch")
+    per_epoch = table["global_batch"].map(lambda b: steps_per_epoch(n_samples, b))
+    seconds = table["epochs"] * per_epoch * table["step_seconds"]
+    core_seconds = seconds * table["cores"]
+    return table.assign(
+        seconds=seconds,
+        core_hours=core_seconds / 3600,
+        usd=core_seconds / 3600 * prices.usd_per_core_hour,
+        joules=core_seconds * prices.watts_per_core,
+    )
+

@@ -1,0 +1,293 @@
+"""Hangs made on purpose, and PyTorch's own tools for finding their cause (notebook 11).
+
+A collective returns only when every rank of the group has called it. A rank that skips one, or
+calls them in another order, leaves the others waiting, silently, until the process group's
+timeout: 30 minutes by default for Gloo (``torch.distributed.constants.default_pg_timeout``),
+10 for NCCL. ``hang_worker`` makes three such bugs in a short training loop of all-reduces:
+
+* ``skip``: rank 1 skips the last all-reduce and stays away (a sleep standing for work that
+  takes longer than the timeout, or a branch that returns early);
+* ``order``: rank 1 calls the last step's broadcast before its all-reduce, rank 0 after;
+* ``monitored``: ``skip``, with ``dist.monitored_barrier`` before each all-reduce, so that rank 0
+  names the rank that did not arrive.
+
+Each worker writes what it saw into a folder: its stderr (the C++ logs of c10d and Gloo go
+there), how long it waited in the collective that failed, and the flight recorder's record of
+its collectives (``TORCH_FR_BUFFER_SIZE``; in PyTorch 2.13 it records Gloo's collectives,
+dumped on request with ``torch._C._distributed_c10d._dump_fr_trace``). ``worker_environment`` sets
+the variables the workers must see before their process group is created
+(``TORCH_DISTRIBUTED_DEBUG=DETAIL``, ``TORCH_FR_BUFFER_SIZE``): a spawned worker inherits them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch.distributed import constants
+
+from helpers.dist.cluster import run_torchrun
+from helpers.dist.launch import WorkerError, launch
+from helpers.experiments import leftovers
+
+KINDS = ("skip", "order", "monitored")
+STEPS = 3  # all-reduces per rank in a run that goes right; the last one is where it goes wrong
+HOLD = 60.0  # seconds the skipping rank stays away: longer than any timeout used here
+
+
+def default_timeouts() -> dict[str, str]:
+    """The process group timeouts this PyTorch uses when ``init_process_group`` is given none:
+    read from torch itself, and the NCCL one from its documentation where this build has no
+    NCCL (the CPU build)."""
+    nccl = constants.default_pg_nccl_timeout
+    return {
+        "gloo (and every backend but NCCL)": str(constants.default_pg_timeout),
+        "nccl": str(nccl) if nccl is not None else "0:10:00 (documented; no NCCL in this build)",
+    }
+
+
+@contextlib.contextmanager
+def worker_environment(**variables: str) -> Iterator[None]:
+    """Set environment variables for the workers started inside the block (spawned processes
+    copy this process's environment when they start), then restore the previous values."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _stderr_to(path: Path) -> None:
+    """Send this process's file descriptor 2 (Python's and C++'s stderr) to ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def dump_flight_record(folder: Path, rank: int) -> None:
+    """Write this process's flight recorder buffer (every group's collectives, pickled as
+    PyTorch's ``fr_trace`` tool reads it) to ``folder/fr_RANK``, if the recorder is on."""
+    if int(os.environ.get("TORCH_FR_BUFFER_SIZE", "0")) <= 0:
+        return
+    from torch._C._distributed_c10d import _dump_fr_trace
+
+    blob = _dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    (folder / f"fr_{rank}").write_bytes(blob)
+
+
+def hang_worker(
+    rank: int, world_size: int, kind: str, folder: str, timeout: float, hold: float = HOLD
+) -> None:
+    """``STEPS`` all-reduces, the last of which goes wrong as ``kind`` says (module docstring);
+    ``timeout``: the monitored barrier's, in seconds (without one it waits the default group
+    timeout, 30 minutes, not the group's own). Writes ``rankR.log`` (its stderr),
+    ``rankR.json`` (the error and seconds it waited in the failing call) and ``fr_R`` (its
+    flight record) into ``folder``; raises the error."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    out = Path(folder)
+    _stderr_to(out / f"rank{rank}.log")
+    grad, weights = torch.ones(1000), torch.zeros(10)
+    dist.barrier()  # both ranks arrive together, so that only the bug below can delay one
+    entered = time.time()
+    try:
+        for step in range(STEPS):
+            last = step == STEPS - 1
+            if last and rank == 1 and kind in ("skip", "monitored"):
+                dump_flight_record(out, rank)  # what it had done before going away
+                time.sleep(hold)  # away, calling no collective: the launcher stops it
+            entered = time.time()
+            if kind == "monitored":
+                dist.monitored_barrier(timeout=timedelta(seconds=timeout), wait_all_ranks=True)
+            if last and kind == "order" and rank == 1:
+                dist.broadcast(weights, src=0)
+                dist.all_reduce(grad)
+            elif last and kind == "order":
+                dist.all_reduce(grad)
+                dist.broadcast(weights, src=0)
+            else:
+                dist.all_reduce(grad)
+    except Exception as exc:
+        waited = time.time() - entered
+        dump_flight_record(out, rank)
+        record = {"rank": rank, "error": str(exc).strip().splitlines()[0], "waited": waited}
+        (out / f"rank{rank}.json").write_text(json.dumps(record))
+        raise
+
+
+@dataclass
+class Hang:
+    """What one run of ``hang_worker`` left: the launcher's error and each worker's files."""
+
+    kind: str
+    error: str  # the launcher's message (its first line)
+    failed_rank: int | None  # the rank the launcher blames
+    seconds: float  # from asking for the workers to the launcher's error, start-up included
+    waited: dict[int, float]  # rank: seconds it waited in the collective that failed
+    errors: dict[int, str]  # rank: its own error's first line
+    logs: dict[int, list[str]]  # rank: the lines it wrote to stderr
+    flight: pd.DataFrame  # the flight recorder's entries of every rank (empty if it was off)
+
+
+def run_hang(kind: str, folder: str | Path, collective_timeout: float = 3.0) -> Hang:
+    """Launch 2 workers of ``hang_worker`` with a short ``collective_timeout`` and return what
+    the launcher reported and what the workers wrote. Raises if the run does not fail."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        launch(hang_worker, 2, kind, str(folder), collective_timeout,
+               collective_timeout=collective_timeout)  # fmt: skip
+    except WorkerError as err:
+        message, rank = str(err).splitlines()[0], err.rank
+    else:
+        raise RuntimeError(f"hang_worker({kind!r}) did not fail: the bug was not made")
+    seconds = time.monotonic() - started
+    reports = [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
+    logs = {
+        int(p.stem[4:]): [line for line in p.read_text().splitlines() if line.strip()]
+        for p in sorted(folder.glob("rank*.log"))
+    }
+    return Hang(
+        kind=kind,
+        error=message,
+        failed_rank=rank,
+        seconds=seconds,
+        waited={r["rank"]: r["waited"] for r in reports},
+        errors={r["rank"]: r["error"] for r in reports},
+        logs=logs,
+        flight=flight_table(folder),
+    )
+
+
+def flight_table(folder: Path) -> pd.DataFrame:
+    """Every rank's flight record (``fr_RANK`` files) as one table: rank, seq (the collective's
+    number in its group), op, sizes, and whether it had finished, successfully or not
+    (``completed``: the entry is retired; a collective that timed out may already be)."""
+    rows = []
+    for path in sorted(Path(folder).glob("fr_*")):
+        dump = pickle.loads(path.read_bytes())
+        for entry in dump["entries"]:
+            rows.append(
+                {
+                    "rank": int(path.name[3:]),
+                    "seq": entry["collective_seq_id"],
+                    "op": entry["profiling_name"],
+                    "sizes": str(entry["input_sizes"]),
+                    "completed": bool(entry["retired"]),
+                }
+            )
+    return pd.DataFrame(rows, columns=["rank", "seq", "op", "sizes", "completed"])
+
+
+def first_divergence(flight: pd.DataFrame) -> dict:
+    """Where the ranks' records part: the first collective number not every rank entered with
+    the same op, which ranks entered it, with what, and which ranks never did."""
+    ranks = sorted(flight["rank"].unique())
+    ops = flight.pivot_table(index="seq", columns="rank", values="op", aggfunc="first")
+    ops = ops.reindex(columns=ranks)
+    for seq, row in ops.iterrows():
+        entered = {int(r): op for r, op in row.items() if isinstance(op, str)}
+        if len(entered) < len(ranks) or len(set(entered.values())) > 1:
+            return {"seq": int(seq), "entered": entered,
+                    "missing": [int(r) for r in ranks if r not in entered]}  # fmt: skip
+    raise ValueError("every rank entered the same collectives: the records do not diverge")
+
+
+# --------------------------------------------------------------------------- under torchrun
+
+# Two nodes whose data differ (node 1's HAR_DATA names the stand-in, 7,352 training windows, node
+# 0's the recordings, 7,415): at global batch 320 an epoch is 22 steps on one and 23 on the
+# other, so one rank waits in DDP's all-reduce of step 23 while the other has moved on.
+MISMATCHED_NODES = [["env", "HAR_DATA=recordings"], ["env", "HAR_DATA=standin"]]
+MISMATCHED_ARGS = ["--global-batch", "320", "--epochs", "1", "--threads-per-worker", "1"]
+
+
+@dataclass
+class TorchrunHang:
+    """What torchrun did with a job that hangs, and what was left of it afterwards."""
+
+    finished: bool  # True if the job ended by itself before it was stopped
+    seconds: float  # from the start to the end of every torchrun
+    before_stop: list[list[str]]  # each node's lines of output before the stop signal
+    after_stop: list[list[str]]  # each node's log lines from the stop on (pids as PID)
+    returncodes: list[int]
+    left: list[int]  # processes of the job still alive afterwards (then killed)
+
+
+def _torchrun_agents(tag: dict[str, str]) -> list[int]:
+    """The torchrun processes among those that carry ``tag``."""
+    commands = leftovers.commands(leftovers.tagged(tag))
+    return [pid for pid, command in commands.items() if "torch.distributed.run" in command]
+
+
+def _split_at_stop(stderr: str) -> tuple[list[str], list[str]]:
+    """A node's output before the stop signal, and its log lines from it on, without the
+    traceback, times and process ids."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    at = next((i for i, line in enumerate(lines) if "death signal" in line), len(lines))
+    after = [re.sub(r"\b\d{3,}\b", "PID", line.split("] ", 1)[-1]) for line in lines[at:]
+             if not line.startswith((" ", "Traceback"))]  # fmt: skip
+    return lines[:at], after
+
+
+def torchrun_hang(hang_for: float = 20.0, grace: float = 30.0) -> TorchrunHang:
+    """``python -m helpers.train`` on two nodes of one worker each whose data differ
+    (``MISMATCHED_NODES``), through ``helpers.dist.cluster.run_torchrun``; after ``hang_for``
+    seconds every torchrun is sent SIGTERM, as a scheduler stops a job (Slurm at its time
+    limit, ``scancel``), and its agent stops its workers. Every process of the job carries a
+    tag, so that any left afterwards is found (``left``), wherever it was re-parented, and
+    killed."""
+    tag = leftovers.new_tag()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["run"] = run_torchrun(MISMATCHED_ARGS, nproc_per_node=1, nnodes=2,
+                                          timeout=hang_for + grace + 60, env=tag,
+                                          prefixes=MISMATCHED_NODES)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below, in this thread
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(hang_for)
+    finished = not thread.is_alive()
+    if not finished:
+        for pid in _torchrun_agents(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        thread.join(grace)
+    deadline, left = time.monotonic() + 5.0, leftovers.tagged(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = leftovers.tagged(tag)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    run = outcome["run"]
+    split = [_split_at_stop(err) for err in run.stderr]
+    return TorchrunHang(finished, time.monotonic() - started, [b for b, _ in split],
+                        [a for _, a in split], run.returncodes, left)  # fmt: skip

@@ -1,0 +1,80 @@
+"""Notebook 11's figures: a per-rank step timeline with a straggler, and time against cost to a
+target accuracy. Each returns its figure; the notebook calls ``plt.show()``."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter
+
+_PARTS = {  # column of helpers.experiments.straggler.step_table: (label, colour, hatch)
+    "compute": ("forward + backward", "C0", None),
+    "delay": ("injected delay", "C3", "//"),
+    "allreduce": ("in all-reduce (mostly waiting)", "C1", None),
+    "optimizer": ("optimizer step", "C2", None),
+}
+
+
+def plot_step_timeline(table: pd.DataFrame, banner: str, steps_per_phase: int = 4) -> Figure:
+    """Each rank's steps as bars on one clock: the last ``steps_per_phase`` steps without a
+    straggler (left) and the first with one (right), each part of a step in its colour."""
+    phases = [("baseline", "no straggler"), ("straggler", "rank with a delay: a straggler")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for ax, (phase, title) in zip(axes, phases, strict=True):
+        rows = table[table["phase"] == phase]
+        chosen = sorted(rows["step"].unique())
+        chosen = chosen[-steps_per_phase:] if phase == "baseline" else chosen[:steps_per_phase]
+        rows = rows[rows["step"].isin(chosen)]
+        origin = rows["start"].min()
+        for rank, mine in rows.groupby("rank"):
+            for _, step in mine.iterrows():
+                left = step["start"] - origin
+                for part, (_, colour, hatch) in _PARTS.items():
+                    ax.barh(rank, step[part], left=left, height=0.6, color=colour, hatch=hatch,
+                            edgecolor="white", linewidth=0.5)  # fmt: skip
+                    left += step[part]
+        ax.set_title(f"{title} ({len(chosen)} steps)")
+        ax.set_xlabel("seconds from the first step shown")
+        ax.set_yticks(sorted(rows["rank"].unique()))
+        ax.set_yticklabels([f"rank {r}" for r in sorted(rows["rank"].unique())])
+        ax.invert_yaxis()
+    axes[0].set_ylabel("worker")
+    handles = [Patch(facecolor=c, hatch=h, edgecolor="white", label=label)
+               for label, c, h in _PARTS.values()]  # fmt: skip
+    fig.legend(handles=handles, loc="lower center", ncol=4, frameon=False)
+    fig.suptitle(f"Every step waits for the slowest worker\n{banner}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
+def plot_time_cost(table: pd.DataFrame, banner: str, target: float, prices_note: str) -> Figure:
+    """Seconds against dollars to reach ``target`` accuracy: one point per setup and global
+    batch (``helpers.experiments.cost.cost_table``), setups by colour, batches labelled.
+    Points that never reached the target are left out, and said so."""
+    reached = table[table["seconds"].map(math.isfinite)]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for i, (setup, rows) in enumerate(reached.groupby("setup", sort=False)):
+        ax.scatter(rows["seconds"], rows["usd"] * 1e6, s=50, color=f"C{i}", label=setup)
+        for _, row in rows.iterrows():
+            ax.annotate(f"B={row['global_batch']}", (row["seconds"], row["usd"] * 1e6),
+                        textcoords="offset points", xytext=(5, 4), fontsize=8)  # fmt: skip
+    missing = sorted(set(table["global_batch"]) - set(reached["global_batch"]))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # 2, 5, 10, 20 rather than 2 x 10^0
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25"
+                                               else ""))  # fmt: skip
+    ax.set_xlabel(f"seconds of training to {target:.0%} test accuracy (log)")
+    ax.set_ylabel("cost to get there (millionths of a dollar, log)")
+    note = f"; not reached at B={', '.join(map(str, missing))}" if missing else ""
+    ax.set_title(f"Time against cost, one point per setup and global batch{note}\n"
+                 f"{prices_note}\n{banner}", fontsize=9)  # fmt: skip
+    ax.legend(title="setup (workers x threads)")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
