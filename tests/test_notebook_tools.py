@@ -175,6 +175,9 @@ def test_grading_edition_puts_the_answers_into_the_full_edition():
     ]  # fmt: skip
     assert all(not c.get("outputs") for c in graded.cells if c.cell_type == "code")
     assert submission.cells[3].source == "y = 2", "the submission is left as it was"
+    # the answer typed into a new cell where the placeholder was: found after the statement
+    submission.cells.insert(-1, new_code_cell("z = 3"))
+    assert [c.source for c in grading_edition(full, submission).cells][8] == "z = 3"
 
 
 def test_command_line_check_normalise_and_student(tmp_path: Path, capsys):

@@ -232,15 +232,22 @@ ROLE = "ddp_course_grading"  # cell metadata the grading edition writes: whose c
 
 
 def _answer_cells(full: NotebookNode, submission: NotebookNode, ex: Exercise) -> list:
-    """The student's answer to ``ex``: the cell with the solution's id, and the cells the student
-    added right after it (up to the next cell the full edition has); none if it is missing."""
+    """The student's answer to ``ex``: the cell with the solution's id and the cells the student
+    added right after it, up to the next cell the full edition has; where that id is gone (the
+    placeholder deleted, the answer typed into a new cell), the cells the student put between the
+    exercise's statement and the next cell the full edition has. None if there are none."""
     known = {cell.id for cell in full.cells}
     ids = [cell.get("id") for cell in submission.cells]
-    solution_id = full.cells[ex.solution[0]].id
-    if solution_id not in ids:
+    solution_id, statement_id = full.cells[ex.solution[0]].id, full.cells[ex.solution[0] - 1].id
+    if solution_id in ids:
+        start = ids.index(solution_id)
+    elif statement_id in ids:
+        start = ids.index(statement_id) + 1
+    else:
         return []
-    start = ids.index(solution_id)
     end = next((i for i in range(start + 1, len(ids)) if ids[i] in known), len(ids))
+    if start < len(ids) and ids[start] in known and ids[start] != solution_id:
+        return []  # nothing between the statement and the next cell the course has
     return [copy.deepcopy(cell) for cell in submission.cells[start:end]]
 
 
