@@ -30,8 +30,7 @@ TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # notebook; the course's workflow runs it in CI too.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
-.PHONY: help reproduce test test-other-processor lab warm notebooks normalise student timings grade \
-	hub-kernel hub-user
+.PHONY: help reproduce test test-other-processor lab warm notebooks normalise student timings grade hub-kernel hub-user
 
 ## help: list the targets, one line each
 help:
