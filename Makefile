@@ -1,13 +1,17 @@
 # `make` alone lists the targets. Each of the others creates .venv on first use and installs
-# requirements.txt into it (`helpers` editable). torch is pinned to 2.13.0; on Linux it comes from
-# PyTorch's CPU wheel index (the 2.13.0+cpu build, which satisfies ==2.13.0 and sorts after it),
-# since PyPI's Linux wheel is the CUDA build, with several GB of NVIDIA libraries this CPU course
-# never uses; macOS gets PyPI's wheel, the CPU build there. `make TORCH_INDEX=` leaves the index out,
-# and so does an install that cannot reach it (an offline machine: pip would retry it for minutes).
+# requirements.txt into it (`helpers` editable), at the versions of constraints.txt (what the
+# committed notebooks were checked with). torch is pinned to 2.13.0; on Linux it comes from
+# PyTorch's CPU wheel index (the 2.13.0+cpu build, which satisfies ==2.13.0), since PyPI's Linux
+# wheel is the CUDA build, with several GB of NVIDIA libraries this CPU course never uses; macOS
+# gets PyPI's wheel, the CPU build there. That index serves torch alone (a first pip call, without
+# torch's dependencies); everything else comes from PyPI. `make TORCH_INDEX=` leaves the index
+# out, and so does an install that cannot reach it (an offline machine: pip would retry it for
+# minutes).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 ifeq ($(shell uname -s),Linux)
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 endif
@@ -30,19 +34,20 @@ TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # notebook; the course's workflow runs it in CI too.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
-.PHONY: help reproduce test test-other-processor lab warm notebooks normalise student timings grade hub-kernel hub-user
+.PHONY: help reproduce test test-other-processor test-slurm test-browser lab warm notebooks normalise student timings grade hub-kernel hub-user
 
 ## help: list the targets, one line each
 help:
 	@awk '/^## [a-z-]+: /{t = $$2; sub(/:$$/, "", t); sub(/^## [a-z-]+: /, ""); printf "make %-10s  %s\n", t, $$0}' $(MAKEFILE_LIST)
 
-$(INSTALLED): requirements.txt pyproject.toml
+$(INSTALLED): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	index=; if [ -n "$(TORCH_INDEX)" ]; then \
-		if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" 2>/dev/null; \
-		then index="--extra-index-url $(TORCH_INDEX)"; \
-		else echo "note: $(TORCH_INDEX) cannot be reached; installing torch without it"; fi; \
-	fi; $(PY) -m pip install -q -r requirements.txt $$index
+ifneq ($(TORCH_INDEX),)
+	if $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/', timeout=5)" 2>/dev/null; \
+	then $(PY) -m pip install -q --index-url $(TORCH_INDEX) --no-deps "$(TORCH_PIN)"; \
+	else echo "note: $(TORCH_INDEX) cannot be reached; installing torch without it"; fi
+endif
+	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
 	touch $@
 
 ## reproduce: the reference experiment (pass options with ARGS="--workers 1 2 --data standin")
@@ -58,6 +63,38 @@ test: $(INSTALLED)
 ## test-other-processor: every notebook that trains, against its committed outputs, on the simulated other processor
 test-other-processor: $(INSTALLED)
 	$(CHECKED) $(OTHER_PROCESSOR) $(PY) -m pytest $(NBVAL) $(TRAINING_NOTEBOOKS) $(ARGS)
+
+## test-slurm: cluster/slurm/train.sbatch on a real two-node Slurm cluster here (root; installs slurm-wlm and munge)
+test-slurm: $(INSTALLED)
+	@PATH="$$PATH:/usr/local/sbin:/usr/sbin:/sbin"; have() { command -v "$$1" >/dev/null 2>&1; }; \
+	if have slurmctld && have slurmd && have munged && have sbatch; then :; \
+	elif [ "$$(id -u)" = 0 ] && have apt-get; then \
+		echo "test-slurm: installing Debian's slurm-wlm and munge with apt-get"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; } \
+			>/dev/null || echo "test-slurm: apt-get could not install slurm-wlm and munge"; \
+	else echo "test-slurm: slurm-wlm and munge are missing; as root: apt-get install slurm-wlm munge"; \
+	fi
+	$(CHECKED) $(PY) -m pytest -m slurm tests/test_slurm.py -v -rs $(ARGS)
+
+# The browser test drives Debian's chromium (CHROMIUM), never a browser that Playwright downloads:
+# make installs it with apt-get where it runs as root, and otherwise says what to install. On a
+# machine without Debian's package (GitHub's Ubuntu runners, whose chromium is a snap stub),
+# `make test-browser CHROMIUM=playwright` has Playwright fetch its own build instead.
+CHROMIUM ?= /usr/bin/chromium
+
+## test-browser: the notebooks run in JupyterLab in headless Chromium, screenshots in results/browser/
+test-browser: $(INSTALLED)
+	$(PY) -m pip install -q -r requirements-browser.txt
+ifeq ($(CHROMIUM),playwright)
+	$(PY) -m playwright install --with-deps chromium
+else
+	@if [ ! -x "$(CHROMIUM)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@test -x "$(CHROMIUM)" || { echo "make test-browser: no Chromium at $(CHROMIUM): install Debian's chromium (apt-get install chromium), pass CHROMIUM=/path/to/chromium, or CHROMIUM=playwright for Playwright's own build"; exit 1; }
+endif
+	$(CHECKED) DDP_COURSE_BROWSER=$(CHROMIUM) $(PY) -m pytest tests/browser -rxs $(ARGS)
 
 ## lab: JupyterLab on lab/, your own copy of notebooks/ (made on first use; notebooks/ stays as committed)
 lab: $(INSTALLED)

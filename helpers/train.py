@@ -1,23 +1,15 @@
-"""The training as PyTorch's own launcher runs it: ``python -m helpers.train`` under torchrun.
-
-    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \\
-        -m helpers.train --global-batch 2048 --epochs 40
-
-Every worker reads its rank and the world size from the variables torchrun sets (``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), joins the process group (NCCL
-on CUDA GPUs, Gloo on CPUs) and runs ``helpers.training.train_worker``, the same code the
-notebooks' launcher runs; rank 0 prints the same table as ``python -m helpers.reproduce``. The
-same command runs across machines (``--nnodes 2 --node-rank 0|1``), under Slurm and under
-Kubernetes (``cluster/``). With ``--checkpoint-dir`` it saves every ``--checkpoint-every`` steps
-and resumes from the latest checkpoint, so that ``torchrun --max-restarts 1`` survives a killed
-worker. Without torchrun it runs one worker.
+"""The training as PyTorch's own launcher runs it: ``python -m helpers.train`` under torchrun
+(``DESCRIPTION``, its ``--help``, says how). The same command runs across machines (``--nnodes 2
+--node-rank 0|1``), under Slurm and under Kubernetes (``cluster/``); workers use NCCL on CUDA GPUs
+and Gloo on CPUs, and run ``helpers.training.train_worker``, as the notebooks' launcher does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import shlex
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -27,26 +19,42 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from helpers.data import HARDataError, load_har
-from helpers.dist.checkpoint import CheckpointError, CheckpointSpec, Fault
-from helpers.dist.cores import CORES_ENV, default_threads_per_worker, plan_world_sizes
-from helpers.dist.launch import (
-    DEFAULT_COLLECTIVE_TIMEOUT,
-    gloo_interface_notice,
-    loopback_interface,
-)
-from helpers.reproduce import (
-    EXPERIMENT_1,
+from helpers.cli import (
+    REFERENCE,
     OneLineParser,
     Setting,
     add_run_options,
     check_run_options,
     check_writable,
     print_table,
+    rerun_command,
+    threads_for,
     write_report,
+)
+from helpers.data import HARData, HARDataError, load_har
+from helpers.dist.checkpoint import CheckpointError, CheckpointSpec, Fault
+from helpers.dist.cores import WorldPlan, plan_world_sizes
+from helpers.dist.launch import DEFAULT_COLLECTIVE_TIMEOUT
+from helpers.dist.loopback import (
+    LOOPBACK,
+    gloo_interface_notice,
+    loopback_interface,
+    loopback_store,
 )
 from helpers.training import TrainConfig, summarise, train_worker, validate
 from helpers.training.measure import machine_facts
+
+DESCRIPTION = """\
+The course's training as PyTorch's own launcher runs it: python -m helpers.train, started by
+torchrun on one node or several, for example
+
+    torchrun --standalone --nproc-per-node 2 -m helpers.train --global-batch 2048 --epochs 40
+
+Every worker reads its rank from torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) and runs the notebooks' training; rank 0 prints the same table as
+python -m helpers.reproduce. With --checkpoint-dir it saves every --checkpoint-every steps and
+resumes from the latest checkpoint, so that torchrun --max-restarts 1 survives a killed worker.
+Without torchrun it runs one worker."""
 
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 TORCHRUN_VARIABLES = (
@@ -121,7 +129,7 @@ def backend_for(device: str) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(
         prog="python -m helpers.train",
-        description=__doc__.split("\n\n")[0],
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_options(p)
@@ -154,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = check_run_options(p, p.parse_args(argv))
     if not args.global_batch:
-        args.global_batch, args.epochs = [[b] for b in EXPERIMENT_1[0]]
+        args.global_batch, args.epochs = [[b] for b in REFERENCE]
     if len(args.global_batch) > 1 or len(args.epochs) > 1:
         p.error("one run per launch: give one --global-batch and one --epochs")
     if args.checkpoint_every < 1:
@@ -177,51 +185,37 @@ def _fault(text: str) -> Fault:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def rerun_command(args: argparse.Namespace, env: WorkerEnv, source: str, threads: int) -> str:
-    """The command that repeats this run: torchrun's shape and every choice written out (the
-    fault drill left out). Across nodes, each node runs it with its own ``--node-rank``."""
+def launcher_words(env: WorkerEnv) -> list[str]:
+    """How this run was started, as a reader would type it (across nodes, each node runs it with
+    its own ``--node-rank`` and the rendezvous host's address)."""
     if not env.under_torchrun:
-        words = ["python", "-m", "helpers.train"]
-    elif env.nodes == 1:
-        # --standalone: a rendezvous on this machine, at a free port
-        words = ["torchrun", "--standalone", "--nproc-per-node", str(env.local_world_size)]
-        words += ["-m", "helpers.train"]
-    else:
-        words = [
-            "torchrun",
-            "--nnodes",
-            str(env.nodes),
-            "--nproc-per-node",
-            str(env.local_world_size),
-            "--node-rank",
-            "NODE_RANK",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            "HOST:PORT",
-            "-m",
-            "helpers.train",
+        return ["python", "-m", "helpers.train"]
+    if env.nodes == 1:  # --standalone: a rendezvous on this machine, at a free port
+        return f"torchrun --standalone --nproc-per-node {env.local_world_size} -m".split() + [
+            "helpers.train"
         ]
-    words += ["--global-batch", str(args.global_batch[0]), "--epochs", str(args.epochs[0])]
-    words += ["--lr", repr(args.lr), "--seed", str(args.seed), "--data", source]
-    words += ["--threads-per-worker", str(threads)]
-    if args.device != "auto":
-        words += ["--device", args.device]
-    if args.oversubscribe:
-        words.append("--oversubscribe")
+    return (
+        f"torchrun --nnodes {env.nodes} --nproc-per-node {env.local_world_size} --node-rank "
+        "NODE_RANK --rdzv-backend c10d --rdzv-endpoint HOST:PORT -m helpers.train"
+    ).split()
+
+
+def own_options(args: argparse.Namespace) -> list[str]:
+    """This command line's options beyond a run's (the fault drill left out)."""
+    words = ["--device", args.device] if args.device != "auto" else []
     if args.checkpoint_dir:
         words += ["--checkpoint-dir", str(args.checkpoint_dir)]
         words += ["--checkpoint-every", str(args.checkpoint_every)]
-    cores = os.environ.get(CORES_ENV)
-    command = shlex.join(words)
-    return command if cores is None else f"{CORES_ENV}={shlex.quote(cores)} {command}"
+    return words
 
 
 def _join(env: WorkerEnv, backend: str) -> None:
     """Join the process group. Under torchrun, through the agent's store, with keys of this
-    attempt only: torch 2.13's agent keeps one store across restarts (TORCHELASTIC_USE_AGENT_STORE),
-    and a restarted group that read the killed group's Gloo addresses from it would wait for
-    peers that are gone (``Gloo connectFullMesh failed ... Connect timeout``)."""
+    attempt only (pytorch/pytorch#135712: a restarted group that read the killed group's Gloo
+    addresses would wait for peers that are gone); the attempt is counted in the store by each
+    rank, since ``TORCHELASTIC_RESTART_COUNT`` differs across nodes (tests/test_slurm.py).
+    Without the agent's store, rank 0 binds the workers' store to 127.0.0.1 when that is
+    ``MASTER_ADDR`` (a ``TCPStore`` would listen on every interface)."""
     timeout = timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT)
     if not env.under_torchrun:
         store = dist.HashStore()
@@ -229,7 +223,14 @@ def _join(env: WorkerEnv, backend: str) -> None:
         agent = dist.TCPStore(
             env.master_addr, env.master_port, env.world_size, is_master=False, timeout=timeout
         )
-        store = dist.PrefixStore(f"helpers.train/attempt_{env.restart_count}", agent)
+        attempt = agent.add(f"helpers.train/starts/rank_{env.rank}", 1)  # 1, 2, ... each rank
+        store = dist.PrefixStore(f"helpers.train/attempt_{attempt}", agent)
+    elif env.master_addr in (LOOPBACK, "localhost") and env.rank == 0:
+        store = loopback_store(env.world_size, timeout.total_seconds(), port=env.master_port)
+    elif env.master_addr in (LOOPBACK, "localhost"):
+        store = dist.TCPStore(
+            LOOPBACK, env.master_port, env.world_size, is_master=False, timeout=timeout
+        )
     else:
         dist.init_process_group(backend, timeout=timeout)  # env://, rank 0 hosts the store
         return
@@ -258,96 +259,133 @@ def recovery_text(report: dict, env: WorkerEnv, fault: Fault | None) -> str:
     return line
 
 
+@dataclass
+class Prepared:
+    """A run checked and ready to start: everything ``main`` decides before joining the group."""
+
+    device: str
+    plan: WorldPlan
+    threads: int
+    data: HARData
+    config: TrainConfig
+    checkpoint: CheckpointSpec | None
+
+
+def prepare(args: argparse.Namespace, env: WorkerEnv) -> Prepared:
+    """Check the run before any worker joins the group: every failure is a ValueError or a
+    HARDataError in one line."""
+    lead = env.rank == 0
+    threads = threads_for(args)
+    device = device_for(args.device, env.local_rank)
+    plan = plan_world_sizes([env.local_world_size], threads, oversubscribe=args.oversubscribe)[0]
+    if not plan.runs:
+        raise ValueError(f"{plan.reason.replace('skipped: ', '')} on this node")
+    if args.json and lead:
+        check_writable(args.json)
+    data = load_har(args.data)
+    config = TrainConfig(
+        global_batch=args.global_batch[0],
+        epochs=args.epochs[0],
+        lr=args.lr,
+        seed=args.seed,
+        data=data.source,
+        show_progress=lead and sys.stderr.isatty(),
+    )
+    validate(config, env.world_size, len(data.y_train))
+    fault = args.inject_kill
+    if fault and fault.rank >= env.world_size:
+        raise ValueError(
+            f"--inject-kill {fault}: there is no rank {fault.rank} among {env.world_size} workers"
+        )
+    spec = None
+    if args.checkpoint_dir:
+        spec = CheckpointSpec(str(args.checkpoint_dir), args.checkpoint_every, fault=fault)
+    return Prepared(device, plan, threads, data, config, spec)
+
+
+def _set_up(env: WorkerEnv, run: Prepared) -> None:
+    """This process's threads, Gloo's interface (loopback when the store is local) and GPU."""
+    torch.set_num_threads(run.threads)
+    if env.master_addr in LOOPBACK_ADDRESSES:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+    note = gloo_interface_notice()
+    if note and env.rank == 0:
+        print(note, file=sys.stderr)
+    if run.device.startswith("cuda"):
+        torch.cuda.set_device(run.device)  # NCCL's collectives, gather_object too, use this GPU
+
+
+def _train(env: WorkerEnv, run: Prepared) -> list[dict] | None:
+    """Train, and gather every rank's report on rank 0 (None on the others)."""
+    report = train_worker(
+        env.rank, env.world_size, run.config, checkpoint=run.checkpoint, device=run.device
+    )
+    report["env"] = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
+    report["env"]["host"] = socket.gethostname()  # which machine (a Slurm node) it ran on
+    reports = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(report, reports, dst=0)
+    dist.barrier()  # nothing in flight on Gloo's threads when the group is torn down
+    return reports
+
+
+def _leave() -> None:
+    """Tear the group down after everything is reported: an error here must not hide one."""
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     started_at = time.time()
     args = parse_args(argv)
+    lead = os.environ.get("RANK", "0") == "0"
     try:
         env = WorkerEnv.from_environ()
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    lead = env.rank == 0
-    threads = args.threads_per_worker or default_threads_per_worker()
-    try:
-        device = device_for(args.device, env.local_rank)
-        plan = plan_world_sizes([env.local_world_size], threads, oversubscribe=args.oversubscribe)
-        if not plan[0].runs:
-            raise ValueError(f"{plan[0].reason.replace('skipped: ', '')} on this node")
-        if args.json and lead:
-            check_writable(args.json)
-        data = load_har(args.data)
-        config = TrainConfig(
-            global_batch=args.global_batch[0],
-            epochs=args.epochs[0],
-            lr=args.lr,
-            seed=args.seed,
-            data=data.source,
-            show_progress=lead and sys.stderr.isatty(),
-        )
-        validate(config, env.world_size, len(data.y_train))
-        if args.inject_kill and args.inject_kill.rank >= env.world_size:
-            raise ValueError(
-                f"--inject-kill {args.inject_kill}: there is no rank "
-                f"{args.inject_kill.rank} among {env.world_size} workers"
-            )
+        run = prepare(args, env)
     except (ValueError, HARDataError) as err:
         if lead:
             print(f"error: {err}", file=sys.stderr)
         return 2
-    spec = None
-    if args.checkpoint_dir:
-        spec = CheckpointSpec(
-            str(args.checkpoint_dir), args.checkpoint_every, fault=args.inject_kill
-        )
-    torch.set_num_threads(threads)
-    if env.master_addr in LOOPBACK_ADDRESSES:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
-    note = gloo_interface_notice()
-    if note and lead:
-        print(note, file=sys.stderr)
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)  # NCCL's collectives, gather_object too, use this GPU
-    _join(env, backend_for(device))
+    _set_up(env, run)
+    _join(env, backend_for(run.device))
     try:
-        report = train_worker(env.rank, env.world_size, config, checkpoint=spec, device=device)
-        report["env"] = {k: os.environ.get(k) for k in TORCHRUN_VARIABLES}
-        reports = [None] * env.world_size if lead else None
-        dist.gather_object(report, reports, dst=0)
-        dist.barrier()  # nothing in flight on Gloo's threads when the group is torn down
-    except CheckpointError as err:
+        reports = _train(env, run)
+    except CheckpointError as err:  # every rank raises it alike, at the same step
         if lead:
             print(f"error: {err}", file=sys.stderr)
+        _leave()
         return 2
-    finally:
-        dist.destroy_process_group()
+    # Any other error propagates with its traceback, the group left as it is: destroying it
+    # while a peer may still be in a collective can abort this process before the report.
+    _leave()
     if not lead:
         return 0
-    return _print_results(
-        args, env, data, config, threads, plan[0].oversubscribed, reports, started_at
-    )
+    return _print_results(args, env, run, reports, started_at)
 
 
-def _print_results(args, env, data, config, threads, oversubscribed, reports, started_at) -> int:
+def _print_results(
+    args: argparse.Namespace, env: WorkerEnv, run: Prepared, reports: list[dict], started_at: float
+) -> int:
     facts = machine_facts()
-    run = summarise(reports, config, threads, started_at, oversubscribed)
-    rerun = rerun_command(args, env, data.source, threads)
+    data, config, threads = run.data, run.config, run.threads
+    summary = summarise(reports, config, threads, started_at, run.plan.oversubscribed)
+    rerun = rerun_command(launcher_words(env), args, data.source, threads, own_options(args))
     print(data.banner)
     print(f"machine: {facts['cores']} cores, {facts['cpu']}; torch {facts['torch']}")
     print(
         f"workers: {env.world_size} on {env.nodes} node(s), {threads} thread(s) each, "
-        f"{backend_for(device_for(args.device, 0))}"
+        f"{backend_for(run.device)}"
     )
     print(f"rerun: {rerun}")
     setting = Setting(
         "torchrun" if env.under_torchrun else "One worker", config.global_batch, config.epochs
     )
-    print_table(setting, [run], [], data.banner, args.lr)
+    print_table(setting, [summary], [], data.banner, args.lr)
     if args.checkpoint_dir:
         print(recovery_text(reports[0], env, args.inject_kill))
     if args.json:
         record = {
             "experiment": setting.title,
-            **run.to_record(),
+            **summary.to_record(),
             "digest": reports[0]["digest"],
             "restarts": env.restart_count,
             "resumed_from": reports[0]["resumed_from"],

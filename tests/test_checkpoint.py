@@ -3,15 +3,18 @@ bit, and a save killed half-way leaves the previous checkpoint to resume from.""
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import workers
 
 from helpers.data import load_har
 from helpers.dist import checkpoint as ck
+from helpers.dist.launch import WorkerError, launch
 from helpers.training import TrainConfig, run_identity, train_steps, weights_digest
 from helpers.training.model import make_mlp
 
@@ -116,3 +119,36 @@ def test_bad_fault_drills_are_refused(text):
 def test_fault_drills_parse():
     assert ck.Fault.parse("1:30") == ck.Fault(1, 30)
     assert ck.Fault.parse("0:8:save") == ck.Fault(0, 8, during_save=True)
+
+
+def test_latest_must_name_a_step_folder_inside_the_root(data, tmp_path):
+    root = tmp_path / "root"
+    with pytest.raises(Killed):
+        train(data, root, ck.Fault(0, 3))
+    outside = tmp_path / "elsewhere" / "step-000002"
+    shutil.copytree(root / "step-000002", outside)  # a complete checkpoint, but not root's
+    (root / ck.LATEST).write_text("../elsewhere/step-000002")
+    with pytest.raises(ck.CheckpointError, match="not a complete checkpoint in"):
+        ck.latest(root)
+
+
+def test_what_a_killed_pointer_write_left_is_removed_at_the_next_start(data, tmp_path):
+    with pytest.raises(Killed):
+        train(data, tmp_path, ck.Fault(0, 3))
+    leftovers = [tmp_path / ".LATEST.123.0a1b2c3d.tmp", tmp_path / ".run.json.123.0a1b2c3d.tmp"]
+    for path in leftovers:  # what atomic_write leaves when SIGKILL comes before its rename
+        path.write_text("step-0")
+    train(data, tmp_path)
+    assert [p for p in leftovers if p.exists()] == []
+
+
+def test_a_rank_that_cannot_see_rank_0s_checkpoint_stops_every_rank(data, tmp_path):
+    """Nodes without a shared folder: rank 0's folder holds a checkpoint, rank 1's is empty.
+    Rank 1 must not start at step 0 while rank 0 resumes."""
+    with pytest.raises(Killed):
+        train(data, tmp_path / "rank0", ck.Fault(0, 3))
+    with pytest.raises(WorkerError, match=r"which rank\(s\) 1 cannot see") as err:
+        launch(workers.resume_from_own_folder, 2, str(tmp_path), collective_timeout=30)
+    assert "every rank must see the same checkpoint folder" in str(err.value)
+    shutil.copytree(tmp_path / "rank0", tmp_path / "rank1")  # a copy: now both can
+    assert launch(workers.resume_from_own_folder, 2, str(tmp_path), collective_timeout=30) == [2, 2]

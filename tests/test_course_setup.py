@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shlex
 import subprocess
+import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "notebooks.yml"
@@ -28,7 +31,8 @@ def readme_test_command() -> str:
     """The test command of the README's quick start (the line that starts `make test`)."""
     quick_start = ROOT.joinpath("README.md").read_text().split("## Quick start", 1)[1]
     block = quick_start.split("```bash\n", 1)[1].split("```", 1)[0]
-    [command] = [line.split("#")[0].strip() for line in block.splitlines() if "make test" in line]
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    [command] = [c for c in commands if c.split()[:2] == ["make", "test"]]
     return command
 
 
@@ -46,7 +50,8 @@ def test_the_workflow_runs_the_readme_test_command_on_linux_and_macos():
             step for step in job["steps"] if step.get("uses", "").startswith("actions/setup-python")
         ]
         assert python["with"]["cache"] == "pip"
-        assert python["with"]["cache-dependency-path"] == "requirements.txt"
+        keyed_on = python["with"]["cache-dependency-path"].split()
+        assert sorted(keyed_on) == ["constraints.txt", "requirements.txt"]
     assert systems == {"ubuntu", "macos"}
 
 
@@ -56,18 +61,88 @@ def test_ci_runs_the_readme_test_command_without_the_unreachable_index():
     assert "export TORCH_INDEX=" in lines[: lines.index(readme_test_command())]
 
 
-def test_make_installs_torch_from_the_cpu_index_on_linux_where_it_can_be_reached():
-    def install_recipe(*make_args: str) -> str:
-        return make("-n", "-B", ".venv/.installed", *make_args)
+def test_make_installs_torch_alone_from_the_cpu_index_on_linux_where_it_can_be_reached():
+    def install_recipe(*make_args: str) -> list[str]:
+        return make("-n", "-B", ".venv/.installed", *make_args).splitlines()
+
+    def pip_calls(lines: list[str]) -> list[list[str]]:
+        calls = []
+        for line in lines:
+            if "-m pip install" in line:
+                words = shlex.split(line.replace("then ", "").rstrip("; \\"))
+                calls.append(words[words.index("pip") + 2 :])
+        return calls
 
     cpu_index = "https://download.pytorch.org/whl/cpu"
     on_linux = subprocess.check_output(["uname", "-s"]) == b"Linux\n"
+    [torch_pin] = [ln for ln in (ROOT / "requirements.txt").read_text().splitlines()
+                   if ln.startswith("torch==")]  # fmt: skip
     recipe = install_recipe()
-    assert (f'index="--extra-index-url {cpu_index}"' in recipe) == on_linux
+    calls = pip_calls(recipe)
+    if on_linux:
+        # first torch alone from the CPU index (no dependencies from it), then the rest from PyPI
+        assert calls[0] == ["-q", "--index-url", cpu_index, "--no-deps", torch_pin]
+    assert calls[-1] == ["-q", "-r", "requirements.txt", "-c", "constraints.txt"]
     # an offline machine would have pip retry the unreachable index for minutes: it is probed
-    assert (f"urlopen('{cpu_index}/'" in recipe) == on_linux
-    assert "cannot be reached; installing torch without it" in recipe
-    assert cpu_index not in install_recipe("TORCH_INDEX=")
+    assert any(f"urlopen('{cpu_index}/'" in line for line in recipe) == on_linux
+    assert any("cannot be reached; installing torch without it" in ln for ln in recipe) == on_linux
+    assert not any(cpu_index in line for line in install_recipe("TORCH_INDEX="))
+    assert pip_calls(install_recipe("TORCH_INDEX=")) == [calls[-1]]
+
+
+def constraints() -> dict[str, str]:
+    """constraints.txt as {normalised name: the line}."""
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return {
+        re.sub(r"[-_.]+", "-", Requirement(line).name).lower(): line
+        for line in lines if line.strip() and not line.startswith("#")
+    }  # fmt: skip
+
+
+def requirements() -> list[Requirement]:
+    lines = (ROOT / "requirements.txt").read_text().splitlines()
+    return [Requirement(ln) for ln in lines if ln.strip() and not ln.startswith(("#", "-"))]
+
+
+def test_constraints_pin_exact_versions_that_requirements_and_pyproject_accept():
+    pins = constraints()
+    for line in pins.values():
+        [spec] = Requirement(line).specifier
+        assert spec.operator == "==" and "*" not in spec.version, line
+    # what nbval's comparisons rest on: the numerics, the plots, the notebook machinery
+    assert {"numpy", "pandas", "scipy", "matplotlib", "nbval", "nbformat", "nbclient",
+            "jupyterlab", "ipykernel", "pytest"} <= set(pins)  # fmt: skip
+    # torch's pin is requirements.txt's: its build (2.13.0+cpu or not) differs by platform
+    assert "torch" not in pins
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        declared = [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+    for req in requirements() + declared:
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name in pins:
+            version = next(iter(Requirement(pins[name]).specifier)).version
+            assert req.specifier.contains(version), f"{pins[name]} against {req}"
+
+
+def test_requirements_and_pyproject_pin_the_package_dependencies_alike():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        declared = {Requirement(d).name: Requirement(d).specifier
+                    for d in tomllib.load(f)["project"]["dependencies"]}  # fmt: skip
+    listed = {req.name: req.specifier for req in requirements()}
+    assert {name: listed.get(name) for name in declared} == declared
+
+
+def test_this_environment_has_the_constrained_versions():
+    """nbval compares the committed outputs with what this environment computes: it must be the
+    one constraints.txt describes (`make` reinstalls when constraints.txt changes)."""
+    wrong = {}
+    for name, line in constraints().items():
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # a platform's own dependency, absent on this one
+        if not Requirement(line).specifier.contains(have):
+            wrong[name] = have
+    assert wrong == {}, f"installed versions that constraints.txt does not pin (run make): {wrong}"
 
 
 def test_make_help_lists_every_target_with_one_line():
@@ -88,11 +163,18 @@ def test_the_quick_start_names_the_instructors_guide():
 
 
 def test_make_test_checks_03_on_the_other_processor_and_the_full_pass_all_that_train():
+    """What ``make -n`` runs, against independent sources: the README's word on which notebook
+    ``make test`` checks a second time, and the notebooks that train, read from their code
+    (those that load the HAR data)."""
+
     def second_pass(target: str) -> list[str]:
         [line] = [ln for ln in make("-n", target).splitlines() if "MKL_CBWR=" in ln]
         return sorted(Path(w).name for w in shlex.split(line) if w.endswith(".ipynb"))
 
-    notebooks = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    assert [n[:2] for n in second_pass("test")] == ["03"]
-    training = [n for n in notebooks if n[:2] not in ("01", "02")]
+    readme = " ".join(ROOT.joinpath("README.md").read_text().split())
+    said = re.findall(r"checks notebook (\d\d) a second time on a simulated other", readme)
+    assert said and [n[:2] for n in second_pass("test")] == said
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    training = [p.name for p in notebooks if "from helpers.data import" in p.read_text()]
+    assert training, "no notebook loads the data: this check would prove nothing"
     assert second_pass("test-other-processor") == training

@@ -8,9 +8,13 @@ package is missing; tests/test_recordings.py tests the recordings.
 
 from __future__ import annotations
 
+import ast
+import fcntl
 import http.client
+import importlib.util
 import io
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -21,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from unprivileged import finish, unprivileged
 
 import helpers.data as hd
 from helpers.data import (
@@ -43,6 +48,7 @@ from helpers.data import (
     uci_fetch,
     uci_verify,
 )
+from helpers.data import files as files_module
 from helpers.data import har as har_module
 from helpers.data import standin as standin_module
 from helpers.data import uci as uci_module
@@ -908,3 +914,153 @@ def test_resolve_root_precedence(tmp_path, monkeypatch):
     monkeypatch.delenv("HAR_ROOT")
     assert resolve_root() == hd.DEFAULT_ROOT
     assert (hd.DEFAULT_ROOT.parent / "helpers" / "data" / "__init__.py").is_file()
+
+
+# ----------------------------------------------------------------------------- the code itself
+
+
+def test_every_module_level_name_of_the_data_layer_is_bound_once_and_used():
+    """A second binding of a module's name (two ``_noticed`` sets: which one does notice() use?)
+    or a private name nothing reads (a stray ``_download_failed``) is a duplicate to remove."""
+    for path in sorted(Path(hd.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        bound = []
+        for node in tree.body:
+            if isinstance(node, ast.Assign):
+                bound += [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                bound.append(node.target.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.append(node.name)
+        twice = sorted({name for name in bound if bound.count(name) > 1})
+        assert not twice, f"{path.name} binds {twice} more than once"
+        names = [n for n in ast.walk(tree) if isinstance(n, ast.Name)]
+        read = {n.id for n in names if isinstance(n.ctx, ast.Load)}
+        unused = [n for n in bound if n[:1] == "_" and n[:2] != "__" and n not in read]
+        assert not unused, f"{path.name} defines {unused} and never uses them"
+
+
+
+def test_every_function_of_the_data_layer_is_under_ruffs_complexity_limit():
+    """McCabe complexity under 10 (ruff's C901), so that each function reads on one screen."""
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (pip install -r requirements.txt)")
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "ruff", "check", "--no-cache", "--select", "C901",
+            "--config", "lint.mccabe.max-complexity = 9", "--output-format", "concise",
+            str(Path(hd.__file__).parent),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+# ----------------------------------------------------------------------------- other users' locks
+
+LOCK_AS_ANOTHER_USER = """
+from pathlib import Path
+from helpers.data.files import locked
+with locked(Path({lock!r})) as held:
+    print(held, flush=True)
+"""
+
+
+def test_a_lock_file_that_is_read_only_for_this_user_still_locks(tmp_path):
+    """Another user's lock file (mode 0644 for them, read-only for us): flock needs no write
+    access, so the second user waits for the first instead of running unlocked."""
+    lock = tmp_path / ".uci.lock"
+    lock.touch()
+    lock.chmod(0o444)  # as another user's 0644 file is to us
+    tmp_path.chmod(0o555)
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the first process holds the lock
+        child = unprivileged(
+            LOCK_AS_ANOTHER_USER.format(lock=str(lock)), tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        first_line = child.stderr.readline()  # the notice it waits behind, or EOF if it ran
+    finally:
+        os.close(fd)  # releases the lock
+        tmp_path.chmod(0o755)
+    out, err = finish(child)
+    assert "waiting for another process" in first_line, first_line + err
+    assert out.strip() == "True", err
+
+
+def test_a_new_lock_file_lets_everyone_the_umask_allows_lock_it(tmp_path):
+    old = os.umask(0o002)  # a group-shared folder, as on a JupyterHub
+    try:
+        with files_module.locked(tmp_path / "har" / ".uci.lock") as held:
+            assert held
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "har" / ".uci.lock").stat().st_mode) == 0o664
+
+
+def test_an_error_in_an_unlocked_block_is_not_chained_to_the_lock_failure(tmp_path):
+    """Where no lock file can be had, the block runs unlocked, and its errors come alone, not
+    "During handling of the above exception (the lock's OSError), another exception occurred"."""
+    (tmp_path / "file").write_text("a file, not a folder")
+    lock = tmp_path / "file" / "har" / ".x.lock"
+    with pytest.raises(KeyError) as err, files_module.locked(lock) as held:
+        assert not held
+        raise KeyError("in the block")
+    assert err.value.__context__ is None and err.value.__cause__ is None
+
+
+# ----------------------------------------------------------------------------- a read-only root
+
+AUTO_AS_ANOTHER_USER = """
+from helpers.data import hapt_pickle, uci_fetch
+from helpers.data.source import main
+hapt_pickle.MODULE = "no_such_module_hidden_by_the_tests"  # as the autouse fixture does
+hapt_pickle.PACKAGE = "no-such-package-hidden-by-the-tests"
+def offline(url, timeout):
+    raise AssertionError("tried the network")
+uci_fetch._open = offline
+main(["--data", {source!r}])  # python -m helpers.data --data SOURCE
+"""
+
+
+EXTRACT_AS_ANOTHER_USER = """
+from helpers.data import HARDataError, extract_and_verify
+try:
+    extract_and_verify({archive!r})  # the archive downloaded by hand
+except HARDataError as err:
+    print("HARDataError:", err)
+"""
+
+
+def test_auto_on_a_read_only_root_falls_back_with_one_notice(tmp_path, monkeypatch):
+    """A data folder shared read-only (COURSE.md's advice for a JupyterHub): UCI HAR cannot be
+    downloaded into it, which is one more reason to fall back, not a PermissionError traceback."""
+    root = tmp_path / "shared-har"
+    root.mkdir()
+    monkeypatch.setenv("HAR_ROOT", str(root))
+    archive = nested_zip(tmp_path / "uci.zip", har_files())
+    root.chmod(0o555)
+    try:
+        children = {
+            source: unprivileged(
+                AUTO_AS_ANOTHER_USER.format(source=source), root,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            for source in ("auto", "uci")
+        }
+        (out, err), (uci_out, uci_err) = (finish(children[s]) for s in ("auto", "uci"))
+        by_hand = unprivileged(
+            EXTRACT_AS_ANOTHER_USER.format(archive=str(archive)), root,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        extract_out, extract_err = finish(by_hand)
+    finally:
+        root.chmod(0o755)
+    assert out.startswith(STANDIN_BANNER), err
+    assert err.count("\n") == 1 and err.startswith("notice: using the synthetic"), err
+    assert f"cannot write into {root}/" in err and "HAR_ROOT" in err
+    # asked for by name: the same reason, as a one-line error
+    assert uci_out == "" and uci_err.count("\n") == 1, uci_err
+    assert uci_err.startswith(f"error: cannot write into {root}/")
+    assert extract_out.startswith(f"HARDataError: cannot write into {root}/"), extract_err
+    assert list(root.iterdir()) == []

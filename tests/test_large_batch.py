@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from helpers.data import HARData
+from helpers.data import HARData, HARSpec
 from helpers.experiments.large_batch import (
     BATCHES,
     LR_GRID,
@@ -27,6 +27,7 @@ from helpers.experiments.large_batch import (
     run_grid,
     time_to_target_table,
 )
+from helpers.training import TrainConfig, validate
 
 
 def tiny_data(n: int = 300) -> HARData:
@@ -38,8 +39,11 @@ def tiny_data(n: int = 300) -> HARData:
 
 
 def test_the_grid_doubles_the_batch_and_steps_the_lr_by_root_two():
-    assert BATCHES == (64, 128, 256, 512, 1024, 2048)
+    assert np.array_equal(np.diff(np.log2(BATCHES)), np.ones(len(BATCHES) - 1))
     assert np.allclose(np.diff(np.log2(LR_GRID)), 0.5)
+    for batch in BATCHES:  # every batch of the grid splits across 1, 2 and 4 workers
+        for world in (1, 2, 4):
+            validate(TrainConfig(global_batch=batch), world, HARSpec().n_rows("train"))
 
 
 def test_a_recovered_spike_is_not_divergence():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import workers
 
+from helpers.dist import launch as launch_module
 from helpers.dist.cores import (
     available_cores,
     default_threads_per_worker,
@@ -21,6 +22,7 @@ from helpers.dist.cores import (
     plan_world_sizes,
 )
 from helpers.dist.launch import WorkerError, gloo_interface_notice, launch, loopback_interface
+from helpers.dist.loopback import on_loopback
 
 
 def pid_alive(pid: int) -> bool:
@@ -57,11 +59,21 @@ def test_an_error_in_one_rank_surfaces_with_its_message_and_traceback():
     assert mp.active_children() == []
 
 
-def test_a_collective_that_never_completes_times_out_clearly():
-    started = time.monotonic()
+def test_a_collective_that_never_completes_times_out_clearly(tmp_path):
+    marker = tmp_path / "rank1"
     with pytest.raises(WorkerError, match="did not complete within 2 s"):
-        launch(workers.skip_collective, 2, collective_timeout=2)
-    assert time.monotonic() - started < 20  # rank 1 sleeps 60 s: it was stopped, not awaited
+        launch(workers.skip_collective, 2, str(marker), collective_timeout=2)
+    # rank 1 had started its 60 s sleep, and was stopped in it, not awaited
+    pid = int(marker.read_text())
+    assert not pid_alive(pid) and mp.active_children() == []
+
+
+@pytest.mark.parametrize("how", ["abort", "raise"])
+def test_a_workers_own_error_is_reported_before_the_teardown(how):
+    """Reported first: a teardown that aborts or raises must not hide the error."""
+    with pytest.raises(WorkerError) as info:
+        launch(workers.fail_with_a_broken_teardown, 2, how, collective_timeout=30)
+    assert str(info.value) == "worker rank 1 of 2 failed: ValueError: rank 1's own error"
     assert mp.active_children() == []
 
 
@@ -121,6 +133,8 @@ import sys
 sys.path.insert(0, {tests!r})
 import workers
 from helpers.dist.launch import launch
+import helpers.dist.launch
+helpers.dist.launch.STOP_GRACE = {grace}  # seconds stubborn workers get between SIGTERM and SIGKILL
 if __name__ == "__main__":
     try:
         launch(workers.{fn}, 2, {pid_dir!r}, 120.0)
@@ -137,8 +151,10 @@ def start_launcher(tmp_path: Path):
     would; any still running at the end of the test is killed."""
     started: list[subprocess.Popen] = []
 
-    def start(fn: str = "sleep_and_report_pid", **popen) -> subprocess.Popen:
-        code = LAUNCHER.format(tests=str(Path(__file__).parent), fn=fn, pid_dir=str(tmp_path))
+    def start(fn: str = "sleep_and_report_pid", grace: float = 3.0, **popen) -> subprocess.Popen:
+        code = LAUNCHER.format(
+            tests=str(Path(__file__).parent), fn=fn, pid_dir=str(tmp_path), grace=grace
+        )
         proc = subprocess.Popen(
             [sys.executable, "-c", code],
             stdout=subprocess.PIPE,
@@ -201,12 +217,17 @@ def test_ctrl_c_in_a_terminal_reaches_the_whole_process_group(tmp_path: Path, st
 
 
 def test_a_second_ctrl_c_during_clean_up_kills_the_workers_at_once(tmp_path: Path, start_launcher):
-    proc = start_launcher("stubborn_sleeper")  # its workers shrug off SIGTERM
+    """The workers shrug off SIGTERM and the grace period before SIGKILL is 1000 s: only the
+    second Ctrl-C can end the clean-up within the 60 s this test waits."""
+    proc = start_launcher("stubborn_sleeper", grace=1000.0)
     pids = wait_for_pids(tmp_path, proc)
     proc.send_signal(signal.SIGINT)
     wait_for_files(proc, [tmp_path / "0.term", tmp_path / "1.term"])  # in the grace period
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the second Ctrl-C was ignored: the clean-up waited out its grace period")
     assert proc.returncode == 130 and "workers alive: 0" in out, out + err
     assert wait_until_dead(pids) == []
 
@@ -218,6 +239,39 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path: Path, start_launcher
     proc.kill()
     proc.communicate(timeout=60)
     assert wait_until_dead(pids) == [], "workers outlived their killed parent"
+
+
+MID_SEND = """
+import sys
+sys.path.insert(0, {tests!r})
+import workers
+from helpers.dist.launch import WorkerError, launch
+if __name__ == "__main__":
+    try:
+        launch(workers.exit_mid_send, 2, 200_000_000, collective_timeout=60)
+    except WorkerError as err:
+        print(err)
+"""
+
+
+@pytest.mark.skipif(
+    workers.WRITE_SYSCALL is None or not os.path.exists(f"/proc/self/task/{os.getpid()}/syscall"),
+    reason="needs /proc/PID/task/TID/syscall on x86_64 or aarch64 Linux",
+)
+def test_a_worker_that_dies_half_way_through_sending_its_result_is_named():
+    """Rank 1 dies while it writes its 200 MB result: the caller must not wait for the rest."""
+    code = MID_SEND.format(tests=str(Path(__file__).parent))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=240
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the caller hung on the half-sent result")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "worker rank 1 of 2 died (exit code 3) while sending its result ("
+    ), done.stdout + done.stderr
+    assert "of its 200,000,1" in done.stdout  # the pickled array's length, with its header
 
 
 def test_the_whole_run_timeout_stops_every_worker(tmp_path: Path):
@@ -286,9 +340,18 @@ def test_world_sizes_that_oversubscribe_are_skipped_or_flagged():
 )
 def test_the_store_and_gloo_listen_on_loopback_only(monkeypatch):
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    stores, real_store = [], launch_module.loopback_store
+
+    def recorded(*args, **kwargs):  # the launcher's store, to know its port
+        stores.append(real_store(*args, **kwargs))
+        return stores[-1]
+
+    monkeypatch.setattr(launch_module, "loopback_store", recorded)
     found = launch(workers.listening_during_run, 2)[0]
-    assert found, "no listening socket found: the check would prove nothing"
-    assert [a for a in found if not a.startswith(("127.", "::1:"))] == [], found
+    ports = {address.rsplit(":", 1)[1] for address in found}
+    assert str(stores[0].port) in ports, "the caller's store was not seen: this proves nothing"
+    assert len(ports) >= 3, f"the store and each worker's Gloo socket, at least: {found}"
+    assert [a for a in found if not on_loopback(a)] == [], found
 
 
 def test_a_gloo_interface_set_by_the_reader_is_kept_but_named(monkeypatch):

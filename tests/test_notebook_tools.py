@@ -21,6 +21,7 @@ from helpers.notebook.tools import (
     is_normal,
     main,
     normalise,
+    skeleton,
     student_edition,
     to_text,
 )
@@ -141,6 +142,43 @@ def test_student_edition_removes_solutions_their_prose_and_the_graders_and_keeps
     assert student.cells[3].id == nb.cells[3].id
     assert to_text(normalise(student)) == to_text(student)
     assert len(nb.cells) == 10 and nb.cells[3].outputs, "the full edition is left as it was"
+
+
+def test_a_skeleton_solution_keeps_its_cell_with_the_todo_lines_blanked():
+    solution = (
+        "%%writefile train.py\n"
+        "import torch.distributed as dist\n"
+        "def main():\n"
+        "    dist.init_process_group(backend=\"gloo\")  # TODO: join the group\n"
+        "    sampler = Sampler(  # TODO: every rank its share\n"
+        "        data, seed=0  # TODO\n"
+        "    )  # TODO\n"
+        "    x = 1  # a comment that is no TODO\n"
+        "    # TODO: a comment line stays as written"
+    )
+    expected = (
+        "%%writefile train.py\n"
+        "import torch.distributed as dist\n"
+        "def main():\n"
+        "    # TODO: join the group\n"
+        "    # TODO: every rank its share\n"
+        "    x = 1  # a comment that is no TODO\n"
+        "    # TODO: a comment line stays as written"
+    )
+    assert skeleton(solution) == expected
+    assert skeleton("y = 2 * x") is None
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("**1.** Write it.\n\n*Solution*: below."),
+            ran(solution, 1, **HIDDEN),
+            ran("# Check\nassert True", 2, ""),
+        ]
+    )
+    student = student_edition(nb)
+    sources = [c.source for c in student.cells]
+    assert sources == ["**1.** Write it.", expected, "# Check\nassert True"]
+    assert student.cells[1].metadata == {} and student.cells[1].outputs == []
+    assert student.cells[1].id == nb.cells[1].id
 
 
 def test_a_markdown_cell_holding_only_the_solution_prose_is_dropped():

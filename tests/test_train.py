@@ -4,20 +4,24 @@ surviving a killed worker; the scheduler files run the same command."""
 from __future__ import annotations
 
 import os
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from helpers import train
-from helpers.dist.cluster import (
+from helpers.dist.cluster import run_torchrun, scheduler_commands, train_args_of
+from helpers.dist.loopback import (
+    LOOPBACK,
     listening_addresses,
-    run_torchrun,
-    scheduler_commands,
-    train_args_of,
+    loopback_store,
+    on_loopback,
+    socket_inodes,
+    tcp_sockets,
 )
-from helpers.dist.launch import LOOPBACK, _loopback_store
-from helpers.dist.netns import why_no_namespaces
 from helpers.training import TrainConfig, run_training
 
 # 7,415 recordings / 2048 = 3 steps per epoch: 6 steps, a few seconds per launch
@@ -111,9 +115,9 @@ def test_backend_follows_the_device():
 
 def test_the_scheduler_files_run_the_same_entry_point_and_options():
     commands = scheduler_commands()
-    assert set(commands) == {"slurm", "kubernetes"}
+    assert set(commands) == {"slurm", "pytorchjob", "trainjob"}
     options = {name: train_args_of(words) for name, words in commands.items()}
-    assert options["slurm"] == options["kubernetes"]
+    assert options["slurm"] == options["pytorchjob"] == options["trainjob"]
     args = train.parse_args(options["slurm"])  # options helpers.train accepts
     assert args.checkpoint_dir is not None, "a long run on a cluster saves checkpoints"
     for words in commands.values():
@@ -127,7 +131,7 @@ def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
     """What the security notes say: torch 2.13's TCPStore, the store torchrun's rendezvous
     hosts, binds every interface even when given 127.0.0.1, unlike helpers.dist.launch's store."""
     store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
-    ours = _loopback_store(1, 10.0)
+    ours = loopback_store(1, 10.0)
     try:
         listening = listening_addresses([os.getpid()])
         assert {f"0.0.0.0:{store.port}", f"[::]:{store.port}"} & set(listening)
@@ -136,8 +140,7 @@ def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
         del store, ours
 
 
-@pytest.mark.skipif(why_no_namespaces() is not None, reason=str(why_no_namespaces()))
-def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(in_notebook):
+def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(namespaces, in_notebook):
     from helpers.dist.netns import veth_pair
 
     with veth_pair() as pair:
@@ -153,3 +156,131 @@ def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(in_notebook):
     assert done.returncodes == [0, 0], done.stderr
     assert done.run["checksums"] == in_notebook.checksums
     assert {r["MASTER_ADDR"] for r in done.run["ranks"]} <= set(pair.addresses)
+
+
+def test_a_checkpoint_folder_that_cannot_be_made_is_one_line(capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["--checkpoint-dir", "/proc/nope", "--global-batch", "4096", "--data", "recordings"]
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot write checkpoints in /proc/nope") and "\n" not in err, err
+
+
+@pytest.fixture
+def broken_teardown(monkeypatch):
+    """One worker without torchrun, whose process-group teardown raises: what it reports must
+    be its own error. The group is torn down for real afterwards."""
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    real = dist.destroy_process_group
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the teardown failed")
+
+    monkeypatch.setattr(dist, "destroy_process_group", broken)
+    yield
+    if dist.is_initialized():
+        real()
+
+
+def test_a_checkpoint_error_is_reported_whatever_the_teardown_does(broken_teardown, capsys):
+    argv = ["--checkpoint-dir", "/proc/nope", "--global-batch", "4096", "--data", "recordings"]
+    assert train.main(argv) == 2
+    assert capsys.readouterr().err.startswith("error: cannot write checkpoints in /proc/nope")
+
+
+def test_a_training_error_is_not_replaced_by_the_teardown(broken_teardown, monkeypatch):
+    def failing(*args, **kwargs):
+        raise ValueError("the training's own error")
+
+    monkeypatch.setattr(train, "train_worker", failing)
+    with pytest.raises(ValueError, match="the training's own error"):
+        train.main(["--global-batch", "4096", "--data", "recordings"])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process started, directly or not, by process ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
+def test_nothing_a_torchrun_run_opens_listens_beyond_loopback(in_notebook):
+    """While two nodes train: the agents and workers (this process's descendants), and the
+    rendezvous store, wherever it runs (found by its port once the run has said which)."""
+    seen: set[tuple[str, bool]] = set()  # (listening address, opened by the run's processes)
+    done_sampling = threading.Event()
+
+    def sample() -> None:
+        while not done_sampling.is_set():
+            ours = socket_inodes(descendants(os.getpid()))
+            seen.update((local, inode in ours) for state, local, _, inode in tcp_sockets()
+                        if state == "0A")  # fmt: skip
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        done = run_torchrun(ARGS, nproc_per_node=1, nnodes=2)
+    finally:
+        done_sampling.set()
+        sampler.join()
+    assert done.returncodes == [0, 0], done.stderr
+    assert done.run["checksums"] == in_notebook.checksums
+    rendezvous = next(w for w in done.commands[0] if w.startswith(f"{LOOPBACK}:")).split(":")[1]
+    workers_store = done.run["ranks"][0]["MASTER_PORT"]
+    found = sorted(a for a, by_run in seen if by_run or a.rsplit(":", 1)[1] == rendezvous)
+    ports = {a.rsplit(":", 1)[1] for a in found}
+    assert {rendezvous, workers_store} <= ports, f"the stores were not seen: {found}"
+    assert [a for a in found if not on_loopback(a)] == [], found
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_timeout_kills_what_a_node_started_even_after_the_node_has_exited(tmp_path):
+    """Node 0 (a stand-in for torchrun) leaves a child running and exits; node 1 hangs. The
+    timeout must stop both, and node 0's child with them."""
+    child = tmp_path / "child.pid"
+    prefixes = [
+        ["bash", "-c", f"sleep 300 >/dev/null 2>&1 & echo $! > {child}", "node0"],
+        ["bash", "-c", "sleep 300", "node1"],
+    ]
+    with pytest.raises((TimeoutError, subprocess.TimeoutExpired)):
+        run_torchrun(ARGS, nproc_per_node=1, nnodes=2, timeout=5, prefixes=prefixes)
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 30  # a bound for a hang, not a timing
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(pid), "node 0's child outlived the run"
+
+
+def test_the_timeout_bounds_the_whole_run_not_each_node(tmp_path):
+    """Node 0 ends after 6 s, node 1 would end after 13 s: a 10 s timeout stops node 1, which
+    per-node timeouts (6 s, then 10 s more for node 1) would let finish."""
+    finished = tmp_path / "node1.finished"
+    prefixes = [
+        ["bash", "-c", "sleep 6", "node0"],
+        ["bash", "-c", f"sleep 13 && touch {finished}", "node1"],
+    ]
+    with pytest.raises(TimeoutError, match="did not finish within 10 s; every node and worker"):
+        run_torchrun(ARGS, nproc_per_node=1, nnodes=2, timeout=10, prefixes=prefixes)
+    time.sleep(5)  # past node 1's 13 s: it would have finished by now, had it run on
+    assert not finished.exists()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
-import urllib.error
+import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -14,9 +16,9 @@ import torch
 import workers
 
 import helpers.reproduce as reproduce_module
-from helpers.data import uci as uci_module
 from helpers.dist.cores import available_cores, plan_world_sizes
 from helpers.dist.launch import launch
+from helpers.dist.loopback import LOOPBACK
 from helpers.experiments.scaling import sweep
 from helpers.training import (
     TrainConfig,
@@ -27,6 +29,7 @@ from helpers.training import (
     train_in_process,
     validate,
 )
+from helpers.training import loop as loop_module
 from helpers.training.schedules import Constant, LinearWarmup, linearly_scaled_lr
 
 TINY_RUN = ["--global-batch", "4096", "--epochs", "1", "--threads-per-worker", "1"]
@@ -45,8 +48,26 @@ def two_workers():
     return run_training(2, SHORT)
 
 
+@pytest.fixture
+def steps_taken(monkeypatch) -> list[int]:
+    """Every optimizer step the training loop takes in this process, counted as it is taken;
+    each one also moves a fake ``time.perf_counter`` on by one second, so that a training's
+    measured seconds count the steps it timed."""
+    taken: list[int] = []
+    real_step = loop_module.sgd_step
+
+    def counted(*args, **kwargs):
+        loss = real_step(*args, **kwargs)
+        taken.append(1)
+        return loss
+
+    monkeypatch.setattr(loop_module, "sgd_step", counted)
+    monkeypatch.setattr(time, "perf_counter", lambda: float(len(taken)))
+    return taken
+
+
 def test_two_workers_train_exactly_like_one(one_worker, two_workers):
-    assert two_workers.steps == one_worker.steps == 7352 // 512
+    assert two_workers.steps == one_worker.steps
     # Same weights up to float rounding (the sum of two half-batch gradients is added in a
     # different order than one whole-batch gradient), and so the same predictions.
     np.testing.assert_allclose(two_workers.weights[0], one_worker.weights[0], rtol=0, atol=1e-5)
@@ -86,8 +107,8 @@ def test_three_workers_train_like_one_oversubscribed_or_not():
     three = run_training(3, config, plan.threads_per_worker, plan.oversubscribed)
     assert three.oversubscribed == (3 > available_cores())
     assert three.replicas_identical and len(three.checksums) == 3
-    assert three.steps == 2
     alone = train_in_process(config, threads=1)
+    assert three.steps == alone.steps
     # Averaging three gradients rounds (a third is not exact in binary) more than two do;
     # a different training differs by 1e-2 and more (see the seed check above).
     np.testing.assert_allclose(three.weights[0], alone.weights[0], rtol=0, atol=1e-4)
@@ -137,15 +158,22 @@ def test_run_training_takes_a_world_plan(one_worker):
     assert run.checksums == one_worker.checksums
 
 
-def test_untimed_steps_change_the_clock_not_the_training():
+def test_the_step_count_is_the_steps_taken(steps_taken):
+    alone = train_in_process(replace(SHORT, global_batch=3072), threads=1)
+    assert alone.steps == len(steps_taken) > 0
+
+
+def test_untimed_steps_change_the_clock_not_the_training(steps_taken):
     # 7352 // 4096 = 1 step per epoch: 2 epochs take 2 steps, so 2 untimed would leave none
     with pytest.raises(ValueError, match=r"untimed_steps must be from 0 to 1 .*2 steps"):
         validate(TrainConfig(global_batch=4096, epochs=2, untimed_steps=2), 1, 7352)
     config = TrainConfig(global_batch=2048, epochs=2, data="standin", return_weights=True)
     timed_all = train_in_process(config, threads=1)
+    all_steps = len(steps_taken)
     timed_late = train_in_process(replace(config, untimed_steps=4), threads=1)
     assert timed_late.checksums == timed_all.checksums and timed_late.steps == timed_all.steps
-    assert 0 < timed_late.seconds
+    # the fake clock moves one second a step: the clock ran over every step, then all but 4
+    assert (timed_all.seconds, timed_late.seconds) == (all_steps, all_steps - 4)
 
 
 def test_schedules_scale_linearly_and_warm_up_to_the_target():
@@ -239,23 +267,48 @@ def test_reproduce_writes_one_record_per_run(tmp_path):
     assert abs(runs[0]["accuracy"] - runs[1]["accuracy"]) < 2 / 2947
 
 
+@pytest.fixture
+def network_attempts(monkeypatch):
+    """Every attempt to reach the network over HTTP or HTTPS, by this process or any process it
+    starts (they inherit the environment): a proxy on loopback that counts the connections made
+    to it and answers none."""
+    proxy = socket.create_server((LOOPBACK, 0))
+    proxy.settimeout(0.05)
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, f"http://{LOOPBACK}:{proxy.getsockname()[1]}")
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    attempts: list[int] = []
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            try:
+                proxy.accept()[0].close()
+            except TimeoutError:
+                continue
+            attempts.append(1)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    yield attempts
+    stop.set()
+    counter.join()
+    proxy.close()
+
+
 @pytest.mark.parametrize("entry", ["run_training", "sweep"])
-def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, capsys):
+def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, network_attempts):
     """TrainConfig's default must mean $HAR_DATA (else auto), in the caller and the workers:
     with HAR_DATA=standin nothing may try the network, as "auto" would in an empty folder."""
     monkeypatch.setenv("HAR_DATA", "standin")
     monkeypatch.setenv("HAR_ROOT", str(tmp_path / "har"))
-    tries = []
-
-    def offline(url, *args, **kwargs):
-        tries.append(url)
-        raise urllib.error.URLError("offline")
-
-    monkeypatch.setattr(uci_module, "_open", offline)
     if entry == "run_training":
-        sources = [run_training(1, TrainConfig(global_batch=4096, epochs=1)).data_source]
+        sources = [run_training(2, TrainConfig(global_batch=4096, epochs=1)).data_source]
     else:
         table = sweep([4096], world_sizes=[1], min_steps=1, threads=1)
         sources = [table.attrs["data_source"]]
-    assert sources == ["standin"] and tries == []
-    assert "notice" not in capsys.readouterr().err
+    assert sources == ["standin"] and network_attempts == []
+    # the proxy sees what a worker tries, or the check above proves nothing
+    assert "could not download UCI HAR" in launch(workers.try_to_download, 1)[0]
+    assert network_attempts, "a worker's download did not reach the proxy"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -27,12 +27,17 @@ def fail_on_rank(rank: int, world: int, bad_rank: int) -> int:
     return rank
 
 
-def skip_collective(rank: int, world: int) -> int:
-    """Rank 0 waits for a collective that rank 1 never joins: a hang without a timeout."""
+def skip_collective(rank: int, world: int, marker: str) -> int:
+    """Rank 0 waits for a collective that rank 1 never joins: a hang without a timeout. Rank 1
+    writes its pid to ``marker``, sleeps 60 s, then writes "finished" there."""
     if rank == 0:
         dist.all_reduce(torch.ones(1))
     else:
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
         time.sleep(60)
+        with open(marker, "w") as f:
+            f.write("finished")
     return rank
 
 
@@ -57,48 +62,26 @@ def return_tensor(rank: int, world: int) -> torch.Tensor:
     return torch.full((1000,), float(rank))
 
 
-def _socket_inodes(pid: int) -> set[str]:
-    """The inodes of the sockets process pid holds open."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:  # closed meanwhile
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def _address(hex_address: str) -> str:
-    """/proc/net/tcp's "0100007F:1F90" as "127.0.0.1:8080" (IPv6 as 32 hex digits)."""
-    host, port = hex_address.split(":")
-    raw = bytes.fromhex(host)
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian words
-    family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
-    return f"{socket.inet_ntop(family, words)}:{int(port, 16)}"
-
-
-def listening_addresses(pids: list[int]) -> list[str]:
-    """Every TCP address the given processes listen on, from /proc/net/tcp and tcp6."""
-    inodes = set().union(*(_socket_inodes(pid) for pid in pids))
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                    found.append(_address(fields[1]))
-    return found
-
-
 def listening_during_run(rank: int, world: int) -> list[str]:
-    """Rank 0 lists what the caller and every worker listen on while the group is up."""
+    """Rank 0 lists, while the group is up, what every worker listens on and what listens on
+    every port a worker is connected to (the caller's store among them): only this run's
+    sockets, not the rest of the caller's."""
+    from helpers.dist.loopback import listening_addresses, socket_inodes, tcp_sockets
+
     pids = [None] * world
     dist.all_gather_object(pids, os.getpid())
-    found = listening_addresses([os.getppid(), *pids]) if rank == 0 else []
+    found = []
+    if rank == 0:
+        ours = socket_inodes(pids)
+        table = tcp_sockets()
+        ports = {remote.rsplit(":", 1)[1] for state, _, remote, inode in table
+                 if state == "01" and inode in ours}  # fmt: skip
+        found = listening_addresses(pids) + [
+            local for state, local, _, _ in table
+            if state == "0A" and local.rsplit(":", 1)[1] in ports
+        ]  # fmt: skip
     dist.barrier()  # every worker's sockets stay open until rank 0 has looked
-    return found
+    return sorted(set(found))
 
 
 def fail_everywhere(rank: int, world: int) -> int:
@@ -204,3 +187,78 @@ def fp16_and_plain_gradients(rank: int, world: int) -> dict:
         "plain": gradient(CommHook.ALLREDUCE),
         "fp16": gradient(CommHook.FP16),
     }
+
+
+def resume_from_own_folder(rank: int, world: int, base: str) -> int:
+    """Each rank resumes from a folder of its own (``base/rank<N>``), as nodes without a shared
+    file system would: returns the step it resumed from."""
+    from helpers.data import load_har
+    from helpers.dist.checkpoint import Checkpointer, CheckpointSpec
+    from helpers.training import TrainConfig, run_identity
+    from helpers.training.loop import train_steps
+    from helpers.training.model import make_mlp
+
+    config = TrainConfig(global_batch=2048, epochs=2, data="recordings", record_loss=True)
+    har = load_har("recordings")
+    torch.manual_seed(config.seed)
+    saver = Checkpointer(CheckpointSpec(f"{base}/rank{rank}", 2), run_identity(config), rank)
+    X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
+    train_steps(make_mlp(), X, y, config, rank, world, checkpoint=saver)
+    return saver.resumed_from
+
+
+WRITE_SYSCALL = {"x86_64": 1, "aarch64": 64}.get(os.uname().machine)  # write(2)'s number
+
+
+def _exit_during_a_write_of(nbytes: int) -> None:
+    """Exit this process (code 3) once another of its threads is inside a write(2) of at least
+    ``nbytes`` (read from /proc/self/task/*/syscall, Linux): a crash half-way through a large
+    write, whichever thread makes it."""
+    me = str(threading.get_native_id())
+    while True:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/syscall") as f:
+                    fields = f.read().split()
+            except OSError:  # the thread has ended
+                continue
+            if task != me and fields[:1] == [str(WRITE_SYSCALL)] and int(fields[3], 16) >= nbytes:
+                time.sleep(0.05)  # let some of it through
+                os._exit(3)
+        time.sleep(0.001)
+
+
+def exit_mid_send(rank: int, world: int, nbytes: int) -> object:
+    """Rank 1 returns ``nbytes`` of zeros and dies while it writes them to the caller; rank 0
+    returns its rank."""
+    if rank == 1:
+        threading.Thread(target=_exit_during_a_write_of, args=(nbytes,), daemon=True).start()
+        return np.zeros(nbytes // 8)
+    return rank
+
+
+def fail_with_a_broken_teardown(rank: int, world: int, how: str) -> int:
+    """Rank 1 raises its own error, in a process where tearing the group down would abort
+    (``how="abort"``, as Gloo's std::terminate does) or raise (``how="raise"``)."""
+
+    def broken_teardown(*args, **kwargs) -> None:
+        if how == "abort":
+            os.abort()
+        raise RuntimeError("the teardown failed")
+
+    dist.destroy_process_group = broken_teardown
+    if rank == 1:
+        raise ValueError("rank 1's own error")
+    dist.barrier()
+    return rank
+
+
+def try_to_download(rank: int, world: int) -> str:
+    """Ask for UCI HAR where it is not there: a download. Returns the error it ends in."""
+    from helpers.data import HARDataError, load_har
+
+    try:
+        load_har("uci")
+    except HARDataError as err:
+        return str(err)
+    return "UCI HAR was there"

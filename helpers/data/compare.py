@@ -19,14 +19,40 @@ from helpers.data.har import (
 from helpers.data.recordings import load_arrays
 from helpers.data.uci import load_uci
 
+# UCI HAR's label, volunteer and feature-name files, committed with the repository (about 90 KB;
+# har/reference/README.md); never the downloaded data set, whose root HAR_ROOT may move
+REFERENCE = Path(__file__).resolve().parents[2] / "har" / "reference"
 
-def _reference_dir() -> Path | None:
-    """The UCI HAR reference files (labels and volunteer of every row), where they are kept."""
-    here = Path(__file__).resolve().parents[2]
-    for folder in (here.parent / "shared" / "uci-har-reference", here / "har"):
-        if (folder / "features.txt").is_file():
-            return folder
-    return None
+
+def _per_volunteer(arrays: dict[str, np.ndarray]) -> list[str]:
+    """Windows per volunteer and activity, recomputed minus UCI HAR's, from the reference files."""
+    if not (REFERENCE / "y_train.txt").is_file():  # a copy of helpers/ without the repository
+        return [
+            f"\nUCI HAR's reference files are not in {REFERENCE}: they come with the "
+            "repository (har/reference/), which holds the per-volunteer comparison."
+        ]
+    out = [
+        "\nWindows per volunteer and activity, recomputed minus UCI HAR (from UCI HAR's "
+        "label and volunteer files):\n",
+        "| activity | volunteers with equal counts | differences |",
+        "| --- | ---: | --- |",
+    ]
+    diffs = []
+    for split in ("train", "test"):
+        ys = np.loadtxt(REFERENCE / f"y_{split}.txt", dtype=np.int64) - 1
+        ss = np.loadtxt(REFERENCE / f"subject_{split}.txt", dtype=np.int64)
+        for sid in np.unique(ss):
+            mine = np.bincount(arrays[f"y_{split}"][arrays[f"subject_{split}"] == sid], minlength=6)
+            diffs.append(mine - np.bincount(ys[ss == sid], minlength=6))
+    d = np.array(diffs)
+    for k, act in enumerate(ACTIVITIES):
+        col = d[:, k]
+        spread = (
+            "none" if not col.any() else f"{col.min():+d} to {col.max():+d}, total {col.sum():+d}"
+        )
+        out.append(f"| {act} | {np.sum(col == 0)} of {len(col)} | {spread} |")
+    return out
+
 
 def _against_uci_features(root: Path, spec: HARSpec, med: np.ndarray, names: list[str]) -> str:
     """Every feature's median against UCI HAR's, where UCI HAR is in root (never downloads)."""
@@ -68,32 +94,7 @@ def compare(root: str | Path | None = None, spec: HARSpec = HARSpec()) -> str:
         f"| total | {mine['train'].sum()} | {spec.n_rows('train')} | {mine['test'].sum()} | "
         f"{spec.n_rows('test')} |"
     )
-    ref = _reference_dir()
-    if ref is not None:
-        out.append(
-            "\nWindows per volunteer and activity, recomputed minus UCI HAR (from UCI HAR's "
-            "label and volunteer files):\n"
-        )
-        out.append("| activity | volunteers with equal counts | differences |")
-        out.append("| --- | ---: | --- |")
-        diffs = []
-        for split in ("train", "test"):
-            ys = np.loadtxt(ref / f"y_{split}.txt", dtype=np.int64) - 1
-            ss = np.loadtxt(ref / f"subject_{split}.txt", dtype=np.int64)
-            for sid in np.unique(ss):
-                mine_s = np.bincount(
-                    arrays[f"y_{split}"][arrays[f"subject_{split}"] == sid], minlength=6
-                )
-                diffs.append(mine_s - np.bincount(ys[ss == sid], minlength=6))
-        d = np.array(diffs)
-        for k, act in enumerate(ACTIVITIES):
-            col = d[:, k]
-            spread = (
-                "none"
-                if not col.any()
-                else f"{col.min():+d} to {col.max():+d}, total {col.sum():+d}"
-            )
-            out.append(f"| {act} | {np.sum(col == 0)} of {len(col)} | {spread} |")
+    out += _per_volunteer(arrays)
     for split in ("train", "test"):
         # UCI HAR's first row of each split is the first window of the first volunteer's first
         # activity (train: volunteer 1, STANDING; test: volunteer 2, STANDING)

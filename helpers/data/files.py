@@ -24,24 +24,79 @@ from typing import IO
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write via a temporary file and os.replace, so readers never see a half-written file.
+    """Write via a temporary file and os.replace, so readers never see a half-written file, and
+    fsync the file before the rename and its folder after it, so that a crash of the machine
+    (not only of this process) leaves the old file or the whole new one, never an empty one.
 
-    The temporary file is ``.<name>.<pid>.<random>.tmp`` beside ``path``: a killed writer's
-    leftover matches ``.<name>*.tmp``, for :func:`remove_stale`.
+    The temporary file is ``.<name>.<pid>.<random>.tmp`` beside ``path``, removed if anything
+    fails; only a writer killed outright leaves it, matching ``.<name>*.tmp`` for
+    :func:`remove_stale`.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(tmp, "xb") as f:  # unlike mkstemp, keeps the usual permissions
             write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable. Some systems cannot open or fsync a folder (Windows,
+    some network file systems): there the rename is as durable as the system makes it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _held: dict[Path, int] = {}  # lock files this process holds, with their nesting depth
+
+
+def _open_lock(path: Path) -> int | None:
+    """A descriptor on the lock file, created if needed with mode 0666 less the umask (so that
+    everyone who may write the folder may lock it); read-only where writing is refused (another
+    user's lock file, a read-only folder or file system: flock needs no write access); None where
+    it cannot be opened at all (no lock file in a folder nobody may write)."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+        with contextlib.suppress(OSError):
+            return os.open(path, flags, 0o666)
+    return None
+
+
+def _flock(fd: int, path: Path) -> bool:
+    """Lock fd exclusively, waiting (with a notice) while another process holds it; False where
+    the file system refuses locks (NFS may, on a read-only descriptor)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    except OSError:
+        return False
+    print(
+        f"notice: waiting for another process that is preparing the data in {path.parent}/ ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -51,8 +106,9 @@ def locked(path: Path) -> Iterator[bool]:
     of seeing its half-built files. Prints a notice when it has to wait.
 
     Re-entrant within a process (not across threads). The lock file is created if needed and
-    left in place (removing it would race with the next locker). Where it cannot be created (a
-    read-only folder) nobody can write there either, and the block runs unlocked. Yields
+    left in place (removing it would race with the next locker); another user's lock file is
+    locked through a read-only descriptor. Where there is no lock file and none can be created
+    (a read-only folder) nobody can write there either, and the block runs unlocked. Yields
     whether the lock is held.
     """
     key = path.absolute()
@@ -63,24 +119,18 @@ def locked(path: Path) -> Iterator[bool]:
         finally:
             _held[key] -= 1
         return
+    fd = _open_lock(path)
+    held = False
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
+        held = fd is not None and _flock(fd, path)
+    finally:
+        if fd is not None and not held:  # also on Ctrl-C while waiting
+            os.close(fd)
+    if not held:
         yield False
         return
+    _held[key] = 1
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(
-                f"notice: waiting for another process that is preparing the data in "
-                f"{path.parent}/ ...",
-                file=sys.stderr,
-                flush=True,
-            )
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        _held[key] = 1
         yield True
     finally:
         _held.pop(key, None)

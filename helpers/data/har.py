@@ -18,7 +18,6 @@ ACTIVITIES = (
     "STANDING",
     "LAYING",
 )
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "har"
 SPLITS = ("train", "test")
 ARRAYS = ("X_train", "y_train", "subject_train", "X_test", "y_test", "subject_test")
 STANDIN_HINT = "HAR_DATA=standin (--data standin)"
@@ -85,23 +84,36 @@ class HARData:
         )
 
 
+def _default_root() -> tuple[Path, bool]:
+    """The data folder when neither the caller nor $HAR_ROOT names one, and whether it is a
+    source tree's: the checkout's har/ when this package runs from one, else (an installed copy,
+    which has no har/ beside it) the user's cache, $XDG_CACHE_HOME/ddp-course/har or
+    ~/.cache/ddp-course/har."""
+    tree = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]  # above helpers/
+    if (tree / "pyproject.toml").is_file() and (tree / "har").is_dir():
+        return tree / "har", True
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if os.path.isabs(cache) else Path.home() / ".cache"
+    return (base / "ddp-course" / "har").resolve(), False
+
+
+DEFAULT_ROOT, IN_SOURCE_TREE = _default_root()
+
+
 def resolve_root(root: str | Path | None = None) -> Path:
-    """Where the data lives: the argument, else $HAR_ROOT, else the repository's har/."""
+    """Where the data lives: the argument, else $HAR_ROOT, else DEFAULT_ROOT (the checkout's
+    har/, or the user's cache for an installed package)."""
     if root is None:
         root = os.environ.get("HAR_ROOT") or DEFAULT_ROOT
     return Path(root).expanduser()
 
 
 def where(root: Path) -> str:
-    """How messages name the data folder: "har/" for the default one."""
-    return "har/" if root.resolve() == DEFAULT_ROOT else f"{root}/"
+    """How messages name the data folder: "har/" for a checkout's own, else its path."""
+    return "har/" if IN_SOURCE_TREE and root.resolve() == DEFAULT_ROOT else f"{root}/"
 
 
-_noticed: set[str] = set()
-_download_failed: dict[Path, str] = {}  # root -> why, so that "auto" tries the network once
-
-
-_noticed: set[str] = set()
+_noticed: set[str] = set()  # the notices printed so far (each is printed once per process)
 
 
 def notice(message: str) -> None:

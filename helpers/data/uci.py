@@ -26,6 +26,7 @@ from helpers.data.uci_verify import (
     download_advice,
     read_cache,
     uci_lock,
+    unwritable,
     verify_dir,
     write_cache,
 )
@@ -109,13 +110,19 @@ def download_har(
     afterwards whatever happens.
     """
     root = resolve_root(root)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise unwritable(root, err) from None
     with uci_lock(root):  # a second download into root waits, then finds this one's copy
         remove_stale(root, STALE)
         if any((root / rel).exists() for rel in FILES):
             load_uci(root, spec, download=False)  # verifies what is there, or says what's wrong
             return root
-        fd, tmp = tempfile.mkstemp(prefix=".download-", suffix=".tmp", dir=root)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".download-", suffix=".tmp", dir=root)
+        except OSError as err:  # a read-only root, before any byte is downloaded
+            raise unwritable(root, err) from None
         try:
             with os.fdopen(fd, "wb") as f:
                 fetch(url, f, timeout, progress, root)

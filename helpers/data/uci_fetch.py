@@ -29,6 +29,7 @@ from helpers.data.uci_verify import (
     Unverified,
     download_advice,
     uci_lock,
+    unwritable,
     verify_dir,
     write_cache,
 )
@@ -49,42 +50,62 @@ def _open(url: str, timeout: float) -> IO[bytes]:
     """Open url, following redirects but never from https down to http."""
     return urllib.request.build_opener(_RefuseDowngrade).open(url, timeout=timeout)
 
+class _Progress:
+    """The download's percentage line on stderr, redrawn in place; nothing when off."""
+
+    def __init__(self, on: bool) -> None:
+        self.on, self.shown = on, ""
+
+    def update(self, done: int, total: int) -> None:
+        status = f"{done / 1e6:.0f} MB"
+        if total:
+            status = f"{100 * done // total:3d}% of {total / 1e6:.1f} MB"
+        if self.on and status != self.shown:
+            self.shown = status
+            print(f"\rdownloading UCI HAR: {status}", end="", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        """End the line, if one was drawn, so that what follows starts on its own."""
+        if self.shown:
+            print(file=sys.stderr, flush=True)
+            self.shown = ""
+
+def _copy(response: IO[bytes], out: IO[bytes], progress: _Progress) -> tuple[int, int]:
+    """Copy response into out, refusing more than MAX_DOWNLOAD_BYTES whatever the server
+    announces; returns (bytes copied, bytes announced, 0 if none)."""
+    total = int(response.headers.get("Content-Length") or 0)
+    if total > MAX_DOWNLOAD_BYTES:
+        raise ValueError(f"it is {total} bytes, more than the {MAX_DOWNLOAD_BYTES} bytes allowed")
+    done = 0
+    while chunk := response.read(1 << 20):
+        out.write(chunk)
+        done += len(chunk)
+        if done > MAX_DOWNLOAD_BYTES:
+            raise ValueError(f"it passed the {MAX_DOWNLOAD_BYTES} bytes allowed")
+        progress.update(done, total)
+    return done, total
+
+def _reason(err: Exception) -> str:
+    """A download error in one line: for a URLError, the socket error itself (say "Name or
+    service not known"), not its wrapper."""
+    if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
+        return " ".join(str(err.reason).split())
+    return " ".join(str(err).split())
+
 def fetch(url: str, out: IO[bytes], timeout: float, progress: bool, root: Path) -> None:
     """Stream url into out, with a percentage line on stderr."""
-    done = total = 0
+    shown = _Progress(progress)
     try:
         with _open(url, timeout) as response:
-            total = int(response.headers.get("Content-Length") or 0)
-            if total > MAX_DOWNLOAD_BYTES:
-                raise ValueError(
-                    f"it is {total} bytes, more than the {MAX_DOWNLOAD_BYTES} bytes allowed"
-                )
-            shown = ""
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-                done += len(chunk)
-                if done > MAX_DOWNLOAD_BYTES:
-                    raise ValueError(f"it passed the {MAX_DOWNLOAD_BYTES} bytes allowed")
-                if total:
-                    status = f"{100 * done // total:3d}% of {total / 1e6:.1f} MB"
-                else:
-                    status = f"{done / 1e6:.0f} MB"
-                if progress and status != shown:
-                    shown = status
-                    print(f"\rdownloading UCI HAR: {status}", end="", file=sys.stderr, flush=True)
-        if progress:
-            print(file=sys.stderr, flush=True)
+            done, total = _copy(response, out, shown)
     # URLError, HTTPError and timeouts are OSErrors; IncompleteRead an HTTPException
     except (OSError, ValueError, http.client.HTTPException) as err:
-        if progress and done:
-            print(file=sys.stderr, flush=True)
-        if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
-            err = err.reason  # the socket error itself, say "Name or service not known"
-        reason = " ".join(str(err).split())
         origin = "" if url == UCI_URL else f" from {url}"
         raise HARDataError(
-            f"could not download UCI HAR{origin} ({reason}); {download_advice(root)}"
+            f"could not download UCI HAR{origin} ({_reason(err)}); {download_advice(root)}"
         ) from None
+    finally:
+        shown.end()
     if total and done != total:
         raise HARDataError(
             f"the download of {url} stopped at {done} of {total} bytes; {download_advice(root)}"
@@ -100,9 +121,15 @@ def extract_and_verify(
     UCI download (a zip holding "UCI HAR Dataset.zip") and flat zips of the data set folder.
     """
     archive, root = Path(archive), resolve_root(root)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise unwritable(root, err) from None
     with uci_lock(root):
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+        except OSError as err:
+            raise unwritable(root, err) from None
         try:
             _extract(archive, staging, root)
             try:

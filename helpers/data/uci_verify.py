@@ -15,6 +15,7 @@ from helpers.data.har import (
     ARRAYS,
     OFFLINE_HINT,
     SPLITS,
+    HARDataError,
     HARSpec,
     notice,
     where,
@@ -156,6 +157,14 @@ def write_cache(
         atomic_write(cache / "uci.json", lambda f: f.write(json.dumps(key, indent=1).encode()))
     except OSError as err:  # a read-only har/ still works, only slower
         notice(f"notice: could not cache UCI HAR in {cache} ({err}); every load will parse text")
+
+def unwritable(root: Path, err: OSError) -> HARDataError:
+    """The one-line error for a data folder this process may not write (shared read-only, say):
+    under "auto", one more reason to fall back to the data that needs no download."""
+    return HARDataError(
+        f"cannot write into {where(root)} to download UCI HAR ({err.strerror or err}); set "
+        f"HAR_ROOT to a folder you may write, or use {OFFLINE_HINT}"
+    )
 
 def download_advice(root: Path) -> str:
     return f"download {UCI_URL} by hand and unzip it into {where(root)}, or use {OFFLINE_HINT}"

@@ -50,8 +50,10 @@ def _frame_arrays(frame: Any) -> tuple[np.ndarray, np.ndarray]:
 def read_experiments(path: Path) -> list[Experiment]:
     """All 61 experiments of the 30 volunteers, in volunteer order, as plain arrays."""
     users = read_pickle(path)
-    if not isinstance(users, dict):
-        raise HARDataError("HAPT.pkl.gz is not a dict of volunteers")
+    if not isinstance(users, dict) or not all(
+        isinstance(user, int) and isinstance(frames, list) for user, frames in users.items()
+    ):
+        raise HARDataError("HAPT.pkl.gz is not a dict of volunteers to lists of DataFrames")
     out = []
     for user in sorted(users):
         for frame in users[user]:

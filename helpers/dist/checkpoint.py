@@ -17,7 +17,9 @@ A save writes into ``.step-NNNNNN.partial/``, renames it to ``step-NNNNNN/`` (at
 rank has written its part, then points ``LATEST`` at it (``atomic_write``: a rename again), then
 removes the oldest beyond ``keep``. A kill at any moment leaves ``LATEST`` naming a complete
 checkpoint; the next start removes the partial folder. Every rank must see the same ``root``:
-one machine's disk, or a shared file system across nodes.
+one machine's disk, or a shared file system across nodes. Rank 0 reads ``LATEST`` and tells the
+others which checkpoint to load; a rank that cannot see it stops every rank with a
+``CheckpointError``, rather than start from step 0 while rank 0 resumes.
 """
 
 from __future__ import annotations
@@ -97,14 +99,16 @@ def step_name(step: int) -> str:
 
 
 def latest(root: Path) -> Path | None:
-    """The complete checkpoint ``LATEST`` names, or None if there is none yet."""
+    """The complete checkpoint ``LATEST`` names, or None if there is none yet. ``LATEST`` must
+    hold the bare name of a step folder inside ``root`` (``step-000012``), nothing else."""
     pointer = Path(root) / LATEST
     if not pointer.exists():
         return None
-    path = Path(root) / pointer.read_text().strip()
-    if not _NAME.match(path.name) or not (path / ".metadata").exists():
+    name = pointer.read_text().strip()
+    path = Path(root) / name
+    if not _NAME.match(name) or not (path / ".metadata").exists():
         raise CheckpointError(
-            f"{pointer} names {path.name!r}, which is not a complete checkpoint; "
+            f"{pointer} names {name!r}, which is not a complete checkpoint in {root}; "
             f"remove {root} to start afresh"
         )
     return path
@@ -167,23 +171,10 @@ class Checkpointer:
         steps_per_epoch: int,
     ) -> int:
         """Load the latest checkpoint, if any, into ``model``, ``optimizer`` and ``losses``;
-        return the global step to continue from (0 without one). Removes what a killed save
-        left behind first."""
-        error = None
-        if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            remove_stale(self.root, [".step-*.partial"])
-            try:
-                self._check_run()
-            except CheckpointError as err:
-                error = str(err)
-        if dist.is_initialized():  # every rank raises, or none (nobody reads while rank 0 tidies)
-            shared = [error]
-            dist.broadcast_object_list(shared, src=0)
-            error = shared[0]
-        if error:
-            raise CheckpointError(error)
-        path = latest(self.root)
+        return the global step to continue from (0 without one). Rank 0 removes what a killed
+        save left behind and chooses the checkpoint; every rank resumes from that one, or every
+        rank raises ``CheckpointError``."""
+        path = self._agreed_latest()
         if path is None:
             return 0
         state = self._state(model, optimizer, losses, 0, 0, 0)
@@ -196,6 +187,50 @@ class Checkpointer:
             raise CheckpointError(f"{path} has inconsistent progress {progress}; remove it")
         self.resumed_from = progress["step"]
         return self.resumed_from
+
+    def _agreed_latest(self) -> Path | None:
+        """Rank 0's latest checkpoint, the same for every rank: on nodes without a shared
+        folder, each reading its own ``LATEST`` could resume some ranks and not others."""
+        choice: tuple[str | None, str | None] = (None, None)  # (error, checkpoint name)
+        if self.rank == 0:
+            try:
+                self._tidy()
+                self._check_run()
+                found = latest(self.root)
+                choice = (None, found.name if found else None)
+            except CheckpointError as err:
+                choice = (str(err), None)
+            except OSError as err:
+                choice = (f"cannot write checkpoints in {self.root} ({err.strerror or err}); "
+                          "choose a folder every rank can write", None)  # fmt: skip
+        if dist.is_initialized():  # every rank raises, or none (nobody reads while rank 0 tidies)
+            shared = [choice]
+            dist.broadcast_object_list(shared, src=0)
+            choice = shared[0]
+        error, name = choice
+        if error:
+            raise CheckpointError(error)
+        if name is None:
+            return None
+        path = self.root / name
+        missing = [] if (path / ".metadata").exists() else [self.rank]
+        if dist.is_initialized():
+            every: list[list[int]] = [[] for _ in range(dist.get_world_size())]
+            dist.all_gather_object(every, missing)
+            missing = sorted(r for ranks in every for r in ranks)
+        if missing:
+            raise CheckpointError(
+                f"rank 0 resumes from {path}, which rank(s) {', '.join(map(str, missing))} "
+                "cannot see: every rank must see the same checkpoint folder (one machine's "
+                "disk, or a file system shared by every node)"
+            )
+        return path
+
+    def _tidy(self) -> None:
+        """Remove what killed saves left: a partial step folder, a half-written LATEST or run
+        file (``atomic_write``'s temporary files)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        remove_stale(self.root, [".step-*.partial", f".{LATEST}.*.tmp", f".{RUN_FILE}.*.tmp"])
 
     def _check_run(self) -> None:
         """Refuse to resume another run's checkpoints (another batch, lr, seed or data)."""

@@ -3,14 +3,30 @@ several, here or under a cluster's scheduler.
 
 ``run_torchrun`` starts torchrun as a reader would in a terminal (one torchrun per node, each
 node here a process group of its own on this machine) and reads rank 0's ``--json`` report.
-``scheduler_commands`` reads the Slurm batch script and the Kubernetes PyTorchJob manifest kept
-in ``cluster/``, for checking that they run the same entry point with the same options.
+``scheduler_commands`` reads the Slurm batch script and the Kubernetes manifests (a Kubeflow
+PyTorchJob and a Trainer v2 TrainJob) kept in the checkout's ``cluster/``, for checking that they
+run the same entry point with the same options.
 
-Security: torchrun's rendezvous store (a ``TCPStore``) and Gloo's connections carry no
-authentication and no encryption. Run across machines on a trusted network only. In torch 2.13
-the store listens on every interface of the node that hosts it, whatever address
-``--rdzv-endpoint`` names (``listening_addresses`` shows it); only Gloo's sockets follow
-``GLOO_SOCKET_IFNAME``, which ``helpers.train`` sets to loopback when the master is local.
+What listens, and where. torchrun's rendezvous store and the workers' store are ``TCPStore``s,
+and neither they nor Gloo's connections carry authentication or encryption; object collectives
+(``gather_object``) unpickle what they receive. In torch 2.13 a ``TCPStore`` listens on every
+interface of its host, whatever address ``--rdzv-endpoint`` or ``MASTER_ADDR`` names, so a
+torchrun typed by hand is reachable from the network: the rendezvous store on the node that
+hosts it, and the workers' store that rank 0's agent hosts beside it. For runs on this machine,
+``run_torchrun`` keeps all of it on loopback:
+
+- it hosts the rendezvous store itself, bound to 127.0.0.1 (``helpers.dist.loopback``), and
+  passes ``--rdzv-conf is_host=0`` to every node, so that no agent hosts another;
+- it sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, so that no agent hosts the workers' store
+  either: rank 0's worker hosts it, and ``helpers.train`` binds it to 127.0.0.1 itself;
+- ``--local-addr 127.0.0.1`` makes that store's address loopback, and ``helpers.train`` points
+  Gloo at the loopback interface (``GLOO_SOCKET_IFNAME``) when it is.
+
+``tests/test_train.py`` checks, while such a run is up, that nothing it opened listens beyond
+loopback. On a real cluster the stores and Gloo must be reachable from the other nodes, so they
+listen on the cluster's network (the stores on every interface of their hosts): run there only
+on a trusted, private network (a cluster's own, pods kept apart by a NetworkPolicy), never on
+one that others share.
 """
 
 from __future__ import annotations
@@ -19,9 +35,6 @@ import json
 import os
 import re
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -29,20 +42,19 @@ from pathlib import Path
 
 import yaml
 
-from helpers.dist.launch import LOOPBACK
+from helpers.dist.loopback import LOOPBACK, loopback_store
+from helpers.dist.processes import run_together
 
-REPO = Path(__file__).resolve().parent.parent
-SLURM_SCRIPT = REPO / "cluster" / "slurm" / "train.sbatch"
-PYTORCHJOB = REPO / "cluster" / "kubernetes" / "pytorchjob.yaml"
+# the folder above helpers/, wherever this module sits in the package: the checkout, when it runs
+# from one (an installed copy has no cluster/ there; pass scheduler_commands the checkout's root)
+REPO = Path(__file__).resolve().parents[len(__name__.split(".")) - 1]
+SCHEDULER_FILES = {
+    "slurm": Path("cluster", "slurm", "train.sbatch"),
+    "pytorchjob": Path("cluster", "kubernetes", "pytorchjob.yaml"),
+    "trainjob": Path("cluster", "kubernetes", "trainjob.yaml"),
+}
 ENTRY = ["-m", "helpers.train"]
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port nobody listens on now (another program may take it before torchrun does:
-    good enough on one machine, where the only other users are this course's runs)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+NO_AGENT_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"  # rank 0's worker hosts the workers' store
 
 
 def torchrun_argv(
@@ -53,8 +65,11 @@ def torchrun_argv(
     node_rank: int = 0,
     max_restarts: int = 0,
     local_addr: str | None = LOOPBACK,
+    store_hosted_by_caller: bool = False,
 ) -> list[str]:
-    """The torchrun command line for one node: c10d rendezvous at ``endpoint`` (HOST:PORT)."""
+    """The torchrun command line for one node: c10d rendezvous at ``endpoint`` (HOST:PORT).
+    The rendezvous store is hosted by whoever started the nodes (``store_hosted_by_caller``:
+    no node hosts it), else by node 0."""
     argv = [
         sys.executable,
         "-m",
@@ -74,17 +89,24 @@ def torchrun_argv(
     ]
     if local_addr:
         argv += ["--local-addr", local_addr]
-    if nnodes > 1:  # node 0 hosts the rendezvous store: no guessing from host names
+    if store_hosted_by_caller:
+        argv += ["--rdzv-conf", "is_host=0"]
+    elif nnodes > 1:  # node 0 hosts the rendezvous store: no guessing from host names
         argv += ["--rdzv-conf", f"is_host={int(node_rank == 0)}"]
     return [*argv, *ENTRY, *train_args]
 
 
 def shown(argv: list[str]) -> str:
     """A torchrun command line as a reader would type it: ``torchrun``, not this Python's
-    ``-m torch.distributed.run``, a loopback port written ``PORT``, no ``--json`` file."""
+    ``-m torch.distributed.run``, ``NAME=VALUE`` without ``env``, a loopback port written
+    ``PORT``, no ``--json`` file."""
     words = list(argv)
-    if words[1:3] == ["-m", "torch.distributed.run"]:
-        words[:3] = ["torchrun"]
+    if words[:1] == ["env"]:
+        del words[0]
+    for i in range(len(words) - 2):
+        if words[i : i + 3] == [sys.executable, "-m", "torch.distributed.run"]:
+            words[i : i + 3] = ["torchrun"]
+            break
     if "--json" in words:
         del words[words.index("--json") : words.index("--json") + 2]
     return re.sub(rf"{re.escape(LOOPBACK)}:\d+", f"{LOOPBACK}:PORT", shlex.join(words))
@@ -127,49 +149,40 @@ def run_torchrun(
 ) -> TorchrunRun:
     """Run ``torchrun ... -m helpers.train TRAIN_ARGS --json FILE`` on ``nnodes`` nodes of
     ``nproc_per_node`` workers, all on this machine, and return what it printed and reported.
+    Without an ``endpoint`` everything listens on loopback only (the module's docstring says
+    how). ``timeout`` bounds the whole run; past it every node and its workers are killed.
 
     ``prefixes``: a command to put before each node's torchrun (``ip netns exec ns0``),
-    ``endpoint`` then the rendezvous address they reach (default: loopback, a free port), and
-    ``local_addrs`` each node's own address, which its workers' peers connect to."""
-    endpoint = endpoint or f"{LOOPBACK}:{free_port()}"
+    ``endpoint`` then the rendezvous address they reach, hosted by node 0, and ``local_addrs``
+    each node's own address, which its workers' peers connect to."""
+    store = None if endpoint else loopback_store(None, timeout, multi_tenant=True)
+    endpoint = endpoint or f"{LOOPBACK}:{store.port}"
     local_addrs = local_addrs or [LOOPBACK] * nnodes
-    env = {**os.environ, **(env or {})}
     with tempfile.TemporaryDirectory(prefix="torchrun-") as tmp:
         report_path = Path(tmp) / "report.json"
-        procs, commands = [], []
+        commands = []
         for node in range(nnodes):
             # every node gets --json: the rendezvous, not --node-rank, decides which node holds
             # global rank 0, and only that rank writes the report and prints the results
             args = [*train_args, "--json", str(report_path)]
             argv = torchrun_argv(
-                args, nproc_per_node, endpoint, nnodes, node, max_restarts, local_addrs[node]
-            )
-            prefix = prefixes[node] if prefixes else []
-            commands.append([*prefix, *argv])
-            procs.append(
-                subprocess.Popen(
-                    [*prefix, *argv],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env=env,
-                    start_new_session=True,
-                )
-            )
-        outputs = []
+                args, nproc_per_node, endpoint, nnodes, node, max_restarts, local_addrs[node],
+                store_hosted_by_caller=store is not None,
+            )  # fmt: skip
+            setting = ["env", NO_AGENT_STORE] if store is not None else []
+            commands.append([*(prefixes[node] if prefixes else []), *setting, *argv])
         try:
-            for p in procs:
-                outputs.append(p.communicate(timeout=timeout))
-        except BaseException:  # a timeout, or Ctrl-C: stop every node and its workers
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-            raise
+            done = run_together(commands, timeout, env={**os.environ, **(env or {})})
+        except TimeoutError:
+            raise TimeoutError(
+                f"torchrun did not finish within {timeout:g} s; every node and worker stopped"
+            ) from None
+        finally:
+            del store  # after every node has gone
         report = json.loads(report_path.read_text()) if report_path.exists() else None
-    lead_stdout = next((out for out, _ in outputs if out.strip()), outputs[0][0])
+    lead_stdout = next((d.stdout for d in done if d.stdout.strip()), done[0].stdout)
     return TorchrunRun(
-        commands, [p.returncode for p in procs], lead_stdout, [err for _, err in outputs], report
+        commands, [d.returncode for d in done], lead_stdout, [d.stderr for d in done], report
     )
 
 
@@ -181,17 +194,32 @@ def train_args_of(argv: list[str]) -> list[str]:
     raise ValueError(f"no `-m helpers.train` in {shlex.join(argv)}")
 
 
-def scheduler_commands() -> dict[str, list[str]]:
+def scheduler_commands(root: str | Path | None = None) -> dict[str, list[str]]:
     """The torchrun command each scheduler file runs, as a list of words: ``slurm`` from the
-    batch script's ``srun`` line, ``kubernetes`` from the PyTorchJob's worker container."""
+    batch script's ``srun`` line, ``pytorchjob`` from the PyTorchJob's containers, ``trainjob``
+    from the TrainJob's trainer. ``root``: the course's checkout (default: the one this package
+    runs from; an installed package has none, and must be given it)."""
+    root = Path(root) if root is not None else REPO
+    paths = {name: root / rel for name, rel in SCHEDULER_FILES.items()}
+    missing = [str(rel) for name, rel in SCHEDULER_FILES.items() if not paths[name].is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"no {', '.join(missing)} under {root}: pass the course checkout's folder, "
+            "scheduler_commands(root=...)"
+        )
     return {
-        "slurm": _slurm_command(SLURM_SCRIPT.read_text()),
-        "kubernetes": _pytorchjob_command(yaml.safe_load(PYTORCHJOB.read_text())),
+        "slurm": _slurm_command(paths["slurm"].read_text()),
+        "pytorchjob": _pytorchjob_command(yaml.safe_load(paths["pytorchjob"].read_text())),
+        "trainjob": _trainjob_command(yaml.safe_load(paths["trainjob"].read_text())),
     }
 
 
 def _slurm_command(script: str) -> list[str]:
+    """The srun line's torchrun command as the script runs it when the environment sets none of
+    its variables: ``${NAME:-default}`` is the default, ``${NAME:+words}`` nothing."""
     joined = script.replace("\\\n", " ")  # continuation lines
+    joined = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", joined)
+    joined = re.sub(r"\$\{\w+:\+[^}]*\}", "", joined)
     lines = [line.strip() for line in joined.splitlines()]
     runs = [line for line in lines if line.startswith("srun ")]
     if len(runs) != 1:
@@ -213,33 +241,8 @@ def _pytorchjob_command(job: dict) -> list[str]:
     return commands[0]
 
 
-def listening_addresses(pids: list[int]) -> list[str]:
-    """The local addresses (``ip:port``) the processes ``pids`` listen on for TCP, read from
-    ``/proc`` (Linux only)."""
-    inodes = set()
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    found = []
-    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                found.append(_address(fields[1], family))
-    return found
-
-
-def _address(hex_address: str, family: int) -> str:
-    host, port = hex_address.split(":")
-    raw = bytes.fromhex(host)
-    if family == socket.AF_INET:
-        raw = raw[::-1]
-    else:
-        raw = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
-    host = socket.inet_ntop(family, raw)
-    return f"{host if family == socket.AF_INET else f'[{host}]'}:{int(port, 16)}"
+def _trainjob_command(job: dict) -> list[str]:
+    if job.get("kind") != "TrainJob":
+        raise ValueError(f"expected kind TrainJob, got {job.get('kind')}")
+    trainer = job["spec"]["trainer"]
+    return [*trainer.get("command", []), *trainer.get("args", [])]

@@ -12,9 +12,10 @@ is ready in backward, and returns a future of the averaged bucket. PyTorch ships
   as two thin factors, ``P = M Q`` (n x r) and ``Q = M^T P`` (m x r), each all-reduced, with
   error feedback (what the low-rank approximation missed is added to the next step's gradient).
 
-Two limits on Gloo, checked by ``check_hook`` before any worker starts:
+Two limits, checked by ``check_hook`` before any worker starts:
 
-* PyTorch refuses ``bf16_compress_hook`` unless the backend is NCCL (2.10+, CUDA 11+) or XCCL;
+* PyTorch refuses ``bf16_compress_hook`` unless the build has CUDA 11+ (or ROCm) with NCCL 2.10+,
+  or XPU with XCCL (``bf16_hook_supported``): a question of the build, not of the backend;
 * PowerSGD issues its second and third all-reduce of a bucket from the *completion callback* of
   the one before. On Gloo a callback runs on Gloo's own thread when the collective has finished,
   at a moment that differs from rank to rank, while the next bucket's all-reduce is issued from
@@ -58,19 +59,30 @@ class CommHook(enum.Enum):
         return f"PowerSGD r={matrix_rank}" if self is CommHook.POWER_SGD else names[self.value]
 
 
+def bf16_hook_supported() -> bool:
+    """What ``DistributedDataParallel.register_comm_hook`` itself checks before it accepts
+    ``bf16_compress_hook`` (torch 2.13): a CUDA or ROCm build with NCCL 2.10 or later, or XPU with
+    XCCL. A property of the build, not of the backend a group uses: a CPU-only build refuses it
+    whatever the backend, a CUDA build accepts it even for a Gloo group."""
+    cuda_build = torch.version.cuda is not None or torch.version.hip is not None
+    nccl = (
+        dist.is_available() and dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
+    )
+    xccl = dist.is_available() and dist.is_xccl_available() and torch.xpu.is_available()
+    return bool((cuda_build and nccl) or xccl)
+
+
 def check_hook(
     hook: CommHook, n_buckets: int, backend: str = "gloo", gradient_bytes: int | None = None
 ) -> None:
-    """Refuse, with what to do instead, the hooks that cannot run on ``backend`` with this many
-    buckets (see the module's docstring). Called before any worker starts."""
-    if backend != "gloo":
-        return
-    if hook is CommHook.BF16:
+    """Refuse, with what to do instead, the hooks that cannot run with this build, ``backend`` and
+    this many buckets (see the module's docstring). Called before any worker starts."""
+    if hook is CommHook.BF16 and not bf16_hook_supported():
         raise ValueError(
-            "bf16 compression needs NCCL (PyTorch refuses bf16_compress_hook without CUDA 11+ and "
-            "NCCL 2.10+, or XPU and XCCL); on Gloo use CommHook.FP16"
+            "this PyTorch build refuses bf16_compress_hook (it needs a CUDA 11+ build with NCCL "
+            "2.10+, or XPU with XCCL); use CommHook.FP16"
         )
-    if hook is CommHook.POWER_SGD and n_buckets > 1:
+    if backend == "gloo" and hook is CommHook.POWER_SGD and n_buckets > 1:
         size = f"{math.ceil(gradient_bytes / MIB)}" if gradient_bytes else "the gradient's MiB"
         raise ValueError(
             f"PowerSGD on Gloo needs a single gradient bucket, not {n_buckets}: its chained "
@@ -107,9 +119,10 @@ def hook_and_state(hook: CommHook, matrix_rank: int = 1) -> tuple[Hook, object]:
 
 
 def register(ddp: DDP, hook: CommHook, matrix_rank: int = 1, log: list | None = None) -> object:
-    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation rank ``matrix_rank``) and return its
-    state. With a ``log``, every bucket's communication is timestamped into it (``timestamped``);
-    without one, ``ALLREDUCE`` registers nothing and DDP keeps its built-in all-reduce."""
+    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation rank ``matrix_rank``) and
+    return its state. With a ``log``, every bucket's communication is timestamped into it
+    (``timestamped``); without one, ``ALLREDUCE`` registers nothing and DDP keeps its built-in
+    all-reduce."""
     if hook is CommHook.ALLREDUCE and log is None:
         return None
     fn, state = hook_and_state(hook, matrix_rank)

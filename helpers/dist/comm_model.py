@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from helpers.dist.collectives import time_allreduce
-from helpers.dist.launch import launch
 from helpers.dist.cores import default_threads_per_worker, plan_world_sizes
+from helpers.dist.launch import launch
 
 # 4 KiB, 8 KiB, ..., 16 MiB: from latency-bound to bandwidth-bound messages, evenly spaced on a
 # log scale, so that small and large messages weigh alike in the fit.

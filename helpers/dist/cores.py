@@ -4,26 +4,9 @@ cores measure contention, not scaling."""
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
 import os
-import pickle
-import queue
-import re
-import signal
-import socket
-import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
-
-import torch
-import torch.distributed as dist
-
 
 ARTICLE_THREADS_PER_WORKER = 2  # the reference article gave each worker (one "machine") 2 threads
 
@@ -81,6 +64,7 @@ def machine_cores() -> int:
     quota = _quota_cores()
     return min(cores, quota) if quota else cores
 
+
 def available_cores() -> int:
     """Cores the course plans with: the machine's, capped by ``$DDP_COURSE_CORES`` if set.
 
@@ -95,6 +79,7 @@ def available_cores() -> int:
         raise ValueError(f"{CORES_ENV} must be a whole number of cores, at least 1; got {cap!r}")
     return min(cores, int(cap))
 
+
 def default_threads_per_worker(cores: int | None = None) -> int:
     """The article's 2 threads per worker where the cores allow it, else fewer so that at least
     2 workers fit (1 thread each on a 2-core machine)."""
@@ -104,6 +89,7 @@ def default_threads_per_worker(cores: int | None = None) -> int:
         if cores >= 2 * ARTICLE_THREADS_PER_WORKER
         else max(1, cores // 2)
     )
+
 
 @dataclass(frozen=True)
 class WorldPlan:
@@ -119,6 +105,7 @@ class WorldPlan:
     @property
     def total_threads(self) -> int:
         return self.world_size * self.threads_per_worker
+
 
 def plan_world_sizes(
     world_sizes: Sequence[int],
@@ -155,6 +142,7 @@ def plan_world_sizes(
             )
             plans.append(WorldPlan(world, threads, cores, False, True, reason))
     return plans
+
 
 def thread_policy_note(cores: int | None = None) -> str:
     """One line saying how many threads each worker gets here and why."""

@@ -24,7 +24,16 @@ KINDS = {
     "reduce_scatter_": "reduce-scatter",
     "reduce_scatter_tensor_coalesced_": "reduce-scatter",
     "broadcast_": "broadcast",
+    # the functional collectives DTensor issues (tensor parallelism's redistributions)
+    "all_reduce": "all-reduce",
+    "all_gather_into_tensor": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter",
+    "all_to_all_single": "all-to-all",
+    # point to point (a pipeline's stages): what a worker sends, and what it receives
+    "send": "send",
+    "recv_": "receive",
 }
+NAMESPACES = ("c10d", "_c10d_functional")  # wait_tensor, also functional, is no collective
 
 def _bytes_in(arg: Any) -> int:
     if isinstance(arg, torch.Tensor):
@@ -36,10 +45,13 @@ def _bytes_in(arg: Any) -> int:
 def wire_bytes(kind: str, message: int, world_size: int) -> float:
     """Bytes each worker sends for one collective on a ring: ``2(N-1)/N`` times the message for
     an all-reduce, ``(N-1)/N`` for an all-gather or a reduce-scatter (each is one half of a
-    ring all-reduce), ``message`` for a broadcast's root."""
+    ring all-reduce; an all-to-all keeps 1/N of its message and sends the rest), ``message`` for
+    a broadcast's root and a send, nothing for a receive (its sender counts it)."""
+    if kind == "receive":
+        return 0.0
     if kind == "all-reduce":
         return ring_factor(world_size) * message
-    if kind in ("all-gather", "reduce-scatter"):
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
         return ring_factor(world_size) / 2 * message
     return float(message) if world_size > 1 else 0.0
 
@@ -47,7 +59,8 @@ class CollectiveCounter(TorchDispatchMode):
     """Record every collective issued inside ``with CollectiveCounter() as c:``: its kind and its
     message, the larger of its input and output (the whole tensor an all-gather assembles, the
     whole tensor a reduce-scatter reduces). DDP's reducer and FSDP2's hooks both go through
-    PyTorch's dispatcher, where this mode sees them."""
+    PyTorch's dispatcher, where this mode sees them; so do the functional collectives with which
+    DTensor redistributes a tensor parallel layer's input or output at its boundary."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,11 +68,12 @@ class CollectiveCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace == "c10d":
-            name = func.__name__.split(".")[0]
-            kind = KINDS.get(name, name)
-            message = max((_bytes_in(a) for a in (*args, *kwargs.values())), default=0)
-            self.calls.append((kind, message))
+        name = func.__name__.split(".")[0]
+        if func.namespace == "c10d" or (func.namespace in NAMESPACES and name in KINDS):
+            result = func(*args, **kwargs)  # a functional all-gather's whole is its result
+            message = max((_bytes_in(a) for a in (*args, *kwargs.values(), result)), default=0)
+            self.calls.append((KINDS.get(name, name), message))
+            return result
         return func(*args, **kwargs)
 
 def replay_seconds(calls: list[tuple[str, int]], repeats: int) -> float:

@@ -2,16 +2,17 @@
 
 Each worker is a fresh Python process (``spawn``), joined into a Gloo process group that
 listens on loopback only (unless the reader has set ``GLOO_SOCKET_IFNAME``). The rendezvous
-store is created here, in the caller, bound to 127.0.0.1 on a port the operating system picks,
-so runs never collide with another program on 29500 or any fixed port and are never reachable
-from the network.
+store is created here, in the caller, bound to 127.0.0.1 on a port the operating system picks
+(``helpers.dist.loopback``), so runs never collide with another program on 29500 or any fixed
+port and are never reachable from the network. Each worker sends its result, or its error,
+through a pipe of its own (``helpers.dist.channel``).
 
 Guarantees a notebook needs:
 - results come back in rank order;
 - a worker that raises becomes one ``WorkerError`` naming the rank and the worker's own error
   (its traceback is attached as a note, since nbval and Jupyter hide the workers' stderr);
-- nothing hangs: a collective that never completes times out, a dead worker is noticed, and
-  every other worker is stopped at once;
+- nothing hangs: a collective that never completes times out, a dead worker is noticed (even
+  one killed half-way through sending its result), and every other worker is stopped at once;
 - Ctrl-C (or interrupting the cell) stops every worker before ``KeyboardInterrupt`` reaches you.
 """
 
@@ -21,25 +22,31 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import re
 import signal
-import socket
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-LOOPBACK = "127.0.0.1"
+from helpers.dist.channel import ERROR, OK, Inbox, send
+from helpers.dist.loopback import (
+    LOOPBACK,
+    gloo_interface_notice,
+    loopback_interface,
+    loopback_store,
+)
+
 DEFAULT_COLLECTIVE_TIMEOUT = 120.0  # seconds a single collective may wait for its peers
 PLAIN_DATA = "return plain data: numbers, strings, lists, dicts, NumPy arrays or tensors"
+__all__ = ["LOOPBACK", "WorkerError", "gloo_interface_notice", "launch", "loopback_interface"]
 
 
 class WorkerError(RuntimeError):
@@ -54,27 +61,7 @@ class WorkerError(RuntimeError):
 # --------------------------------------------------------------------------- the worker side
 
 
-def loopback_interface() -> str:
-    """Name of the loopback network interface ('lo' on Linux, 'lo0' on macOS) for Gloo."""
-    for _, name in socket.if_nameindex():
-        if name in ("lo", "lo0"):
-            return name
-    return "lo0" if sys.platform == "darwin" else "lo"
-
-
 _warned_interfaces: set[str] = set()
-
-
-def gloo_interface_notice() -> str | None:
-    """A one-line notice if the reader's ``GLOO_SOCKET_IFNAME`` takes Gloo off loopback
-    (the launcher only ever sets it to loopback), else None."""
-    name = os.environ.get("GLOO_SOCKET_IFNAME")
-    if not name or name == loopback_interface():
-        return None
-    return (
-        f"notice: GLOO_SOCKET_IFNAME={name} is set, so the workers' Gloo sockets listen on "
-        f"{name}, not only on loopback; unset it to keep them on {loopback_interface()}"
-    )
 
 
 def _exit_if_orphaned(parent_pid: int) -> None:
@@ -95,7 +82,7 @@ def _worker_main(
     threads: int,
     collective_timeout: float,
     parent_pid: int,
-    results: Any,
+    channel: Connection,
 ) -> None:
     # The caller handles Ctrl-C and stops us; a KeyboardInterrupt traceback from every worker
     # would only bury the message that matters.
@@ -110,60 +97,32 @@ def _worker_main(
         dist.init_process_group(
             "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
         )
+        value = fn(rank, world_size, *args, **kwargs)
+        # Plain pickle: torch's would share tensors through shared memory that vanishes when
+        # this process exits, before the caller has read them.
         try:
-            value = fn(rank, world_size, *args, **kwargs)
-            # Plain pickle, not the queue's: torch would share tensors through shared memory
-            # that vanishes when this process exits, before the caller has read them.
-            try:
-                payload = pickle.dumps(value)
-            except Exception as exc:
-                raise TypeError(
-                    f"the return value cannot be pickled ({type(exc).__name__}: {exc}); "
-                    f"{PLAIN_DATA}"
-                ) from exc
-            # Every rank done, so that no collective of fn's is still in flight on Gloo's
-            # threads when the group is torn down: a work released on one of those threads
-            # while the group is destroyed can abort the process (std::terminate).
-            dist.barrier()
-        except BaseException:
-            dist.destroy_process_group()
-            raise
-        results.put(("ok", rank, payload))  # before the teardown: nothing after it can lose it
-        results.close()
-        results.join_thread()  # the queue's thread has written it to the pipe
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+            payload = pickle.dumps(value)
+        except Exception as exc:
+            raise TypeError(
+                f"the return value cannot be pickled ({type(exc).__name__}: {exc}); {PLAIN_DATA}"
+            ) from exc
+        # Every rank done, so that no collective of fn's is still in flight on Gloo's threads
+        # when the group is torn down: a work released on one of those threads while the group
+        # is destroyed can abort the process (std::terminate).
+        dist.barrier()
     except BaseException as exc:  # noqa: BLE001 - everything must reach the caller
-        results.put(("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        # Reported first, and no teardown after it: a peer may still be in a collective, and
+        # destroying the group then can abort this process or raise in place of this error.
+        # The caller stops every worker once it has the story.
+        report = (f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        send(channel, ERROR, pickle.dumps(report))
+        return
+    send(channel, OK, payload)  # before the teardown: nothing after it can lose it
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- the caller side
-
-
-def _loopback_store(world_size: int, collective_timeout: float) -> dist.TCPStore:
-    """The rendezvous store, listening on 127.0.0.1 only, on a free port the OS picks.
-
-    ``TCPStore(LOOPBACK, 0, is_master=True)`` would listen on every interface, and the store is
-    unauthenticated: bind the socket ourselves and hand it over instead.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((LOOPBACK, 0))
-        sock.listen()
-        store = dist.TCPStore(
-            LOOPBACK,
-            sock.getsockname()[1],
-            world_size,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=collective_timeout),
-            master_listen_fd=sock.fileno(),
-        )
-    except BaseException:
-        sock.close()
-        raise
-    sock.detach()  # the store owns the descriptor now and closes it
-    return store
 
 
 def _check_spawnable(fn: Callable[..., Any]) -> None:
@@ -223,15 +182,19 @@ def _unpickle(rank: int, payload: bytes, world_size: int) -> Any:
         ) from None
 
 
-def _stop(processes: list[mp.process.BaseProcess], grace: float = 3.0) -> None:
-    """Terminate every worker still alive; kill those that ignore it. A second Ctrl-C during
-    the grace period kills them at once, and only then reaches the caller."""
+STOP_GRACE = 3.0  # seconds a worker gets to exit after SIGTERM before SIGKILL
+
+
+def _stop(processes: list[mp.process.BaseProcess]) -> None:
+    """Terminate every worker still alive; kill those that ignore it for ``STOP_GRACE``
+    seconds. A second Ctrl-C during the grace period kills them at once, and only then reaches
+    the caller."""
     processes = [p for p in processes if p.pid is not None]  # started ones only
     try:
         for p in processes:
             if p.is_alive():
                 p.terminate()
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + STOP_GRACE
         for p in processes:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
@@ -250,43 +213,103 @@ _PEER_ERRORS = ("connection reset by peer", "connection closed by peer", "broken
 ERROR_GRACE = 1.0  # seconds to wait for the root cause after the first error arrives
 
 
-def _failure(
-    errors: list[tuple[int, str, str]],
-    silent: list[int],
-    processes: list[mp.process.BaseProcess],
-    world_size: int,
-    collective_timeout: float,
-) -> WorkerError:
-    """Pick the error to report: a worker's own error beats a peer's broken connection,
-    and a worker that died silently explains its peers' broken connections."""
-    own = [e for e in errors if not any(s in e[1].lower() for s in _PEER_ERRORS)]
-    if own:
-        rank, error, tb = own[0]
-    elif silent:
-        rank = silent[0]
-        code = processes[rank].exitcode
-        hint = (
-            " (its stderr says why; a script that starts workers must do so under "
-            '`if __name__ == "__main__":`, since every spawned worker imports the script again)'
-            if code == 1
-            else ""
-        )
-        return WorkerError(
-            f"worker rank {rank} of {world_size} died (exit code {code}) "
-            f"without reporting a result or an error{hint}",
-            rank,
-        )
+def _died(rank: int, world_size: int, process: mp.process.BaseProcess, partial: str) -> WorkerError:
+    """A worker that ended without a complete report: how, and what to look at."""
+    process.join(1.0)  # its pipe ends as it exits: give the exit a moment to be reaped
+    code = process.exitcode
+    if partial:
+        how = f"while sending its result ({partial} had arrived)"
     else:
-        rank, error, tb = errors[0]
-    error = _explain(error, collective_timeout)
+        how = "without reporting a result or an error"
+    hint = (
+        " (its stderr says why; a script that starts workers must do so under "
+        '`if __name__ == "__main__":`, since every spawned worker imports the script again)'
+        if code == 1
+        else ""
+    )
+    return WorkerError(
+        f"worker rank {rank} of {world_size} died (exit code {code}) {how}{hint}", rank
+    )
+
+
+def _failure(errors: list[tuple[int, str, str]], world_size: int, timeout: float) -> WorkerError:
+    """Pick the error to report: a worker's own error beats a peer's broken connection."""
+    own = [e for e in errors if not any(s in e[1].lower() for s in _PEER_ERRORS)]
+    rank, error, tb = (own or errors)[0]
     failure = WorkerError(
-        f"worker rank {rank} of {world_size} failed: {_first_line(error)}", rank, tb
+        f"worker rank {rank} of {world_size} failed: {_first_line(_explain(error, timeout))}",
+        rank,
+        tb,
     )
     failure.add_note(f"Traceback from worker rank {rank}:\n{tb.rstrip()}")
     for other, other_error, _ in errors:
         if other != rank:
             failure.add_note(f"worker rank {other} then failed too: {_first_line(other_error)}")
     return failure
+
+
+class _Run:
+    """The caller's side of one launch: the workers, their pipes, what has come back."""
+
+    def __init__(self, processes: list, inbox: Inbox, collective_timeout: float):
+        self.processes, self.inbox = processes, inbox
+        self.world_size, self.collective_timeout = len(processes), collective_timeout
+        self.values: dict[int, Any] = {}
+        self.errors: list[tuple[int, str, str]] = []  # (rank, error, traceback) as they arrive
+
+    def take(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for results and errors, and keep what arrives."""
+        for kind, rank, data in self.inbox.poll(timeout):
+            if kind == OK:
+                self.values[rank] = _unpickle(rank, data, self.world_size)
+            else:
+                self.errors.append((rank, *pickle.loads(data)))
+
+    def check_silent(self) -> None:
+        """Raise for a worker that has gone without a complete report. Its peers' errors, if
+        any, are broken connections that its death explains, unless one is their own."""
+        reported = set(self.values) | {rank for rank, _, _ in self.errors}
+        for rank, process in enumerate(self.processes):
+            if rank not in reported and self.inbox.gone(rank, process.is_alive()):
+                own = [e for e in self.errors if not any(s in e[1].lower() for s in _PEER_ERRORS)]
+                if own:
+                    raise _failure(self.errors, self.world_size, self.collective_timeout)
+                raise _died(rank, self.world_size, process, self.inbox.partial(rank))
+
+    def collect(self, timeout: float | None) -> list[Any]:
+        """Every worker's result in rank order, or the WorkerError that explains the failure.
+        One worker's error soon shows up on its peers as a broken connection: after the first
+        error, wait a moment for the whole story, then report the likeliest cause."""
+        started, failed_at = time.monotonic(), None
+        while len(self.values) + len(self.errors) < self.world_size:
+            self.take(0.1)
+            self.check_silent()
+            now = time.monotonic()
+            failed_at = failed_at or (now if self.errors else None)
+            if failed_at is not None and now - failed_at > ERROR_GRACE:
+                break
+            if timeout is not None and now - started > timeout:
+                raise WorkerError(
+                    f"the {self.world_size} workers did not finish within {timeout:g} s; "
+                    "all stopped"
+                )
+        if self.errors:
+            raise _failure(self.errors, self.world_size, self.collective_timeout)
+        return [self.values[rank] for rank in range(self.world_size)]
+
+
+def _check_launch(fn: Callable[..., Any], world_size: int, threads_per_worker: int) -> None:
+    """Refuse at once what could only fail in the workers, and name a Gloo interface that is
+    not loopback (once per process)."""
+    _check_spawnable(fn)
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if threads_per_worker < 1:
+        raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
+    note = gloo_interface_notice()
+    if note and note not in _warned_interfaces:
+        _warned_interfaces.add(note)
+        print(note, file=sys.stderr, flush=True)
 
 
 def launch(
@@ -305,76 +328,31 @@ def launch(
     ``collective_timeout`` bounds every collective; ``timeout`` (optional) bounds the whole run.
     Raises ``WorkerError`` if any worker fails, after stopping all of them.
     """
-    _check_spawnable(fn)
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if threads_per_worker < 1:
-        raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
-
-    note = gloo_interface_notice()
-    if note and note not in _warned_interfaces:
-        _warned_interfaces.add(note)
-        print(note, file=sys.stderr, flush=True)
+    _check_launch(fn, world_size, threads_per_worker)
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    store = _loopback_store(world_size, collective_timeout)
+    store = loopback_store(world_size, collective_timeout)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (caller's end, worker's end)
+    common = (store.port, threads_per_worker, collective_timeout, os.getpid())
     processes = [
         ctx.Process(
             target=_worker_main,
-            args=(
-                rank,
-                world_size,
-                fn,
-                args,
-                kwargs,
-                store.port,
-                threads_per_worker,
-                collective_timeout,
-                os.getpid(),
-                results,
-            ),
+            args=(rank, world_size, fn, args, kwargs, *common, pipes[rank][1]),
             name=f"worker-{rank}",
             daemon=True,
         )
         for rank in range(world_size)
     ]
-    values: dict[int, Any] = {}
-    errors: list[tuple[int, str, str]] = []  # (rank, error, worker traceback) as they arrive
-    started = time.monotonic()
-    failed_at: float | None = None
+    inbox = Inbox([reader for reader, _ in pipes])
     try:
         _start_ignoring_ctrl_c(processes)
-        while len(values) + len(errors) < world_size:
-            try:
-                message = results.get(timeout=0.1)
-            except queue.Empty:
-                message = None
-            if message is not None:
-                if message[0] == "ok":
-                    values[message[1]] = _unpickle(message[1], message[2], world_size)
-                else:
-                    errors.append(message[1:])
-                    failed_at = failed_at or time.monotonic()
-                continue
-            reported = set(values) | {rank for rank, _, _ in errors}
-            silent = [r for r, p in enumerate(processes) if r not in reported and not p.is_alive()]
-            if silent and results.empty():
-                raise _failure(errors, silent, processes, world_size, collective_timeout)
-            # One worker's error soon shows up on its peers as a broken connection: wait a
-            # moment for the whole story, then report the error most likely to be the cause.
-            if failed_at is not None and time.monotonic() - failed_at > ERROR_GRACE:
-                break
-            if timeout is not None and time.monotonic() - started > timeout:
-                raise WorkerError(
-                    f"the {world_size} workers did not finish within {timeout:g} s; all stopped"
-                )
-        if errors:
-            raise _failure(errors, [], processes, world_size, collective_timeout)
+        for _, writer in pipes:  # the workers hold their ends: a pipe ends when its worker does
+            writer.close()
+        return _Run(processes, inbox, collective_timeout).collect(timeout)
     finally:
         try:
             _stop(processes)
         finally:  # even when a second Ctrl-C cut the stopping short
-            results.close()
-            results.join_thread()
+            for _, writer in pipes:
+                writer.close()
+            inbox.close()
             del store
-    return [values[rank] for rank in range(world_size)]

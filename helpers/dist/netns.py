@@ -13,6 +13,7 @@ A veth pair copies bytes in the kernel, so without a limit it is as fast as loop
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+
+from helpers.dist.processes import run_together
 
 INTERFACE = "ddp0"  # the veth end's name inside each namespace: one GLOO_SOCKET_IFNAME for both
 RATES = {"unlimited": None, "10 Gbit/s": 10e9, "1 Gbit/s": 1e9}
@@ -127,46 +130,40 @@ def _worker(rank: int, address: str, port: int, sizes: list[int], repeats: int) 
         world_size=2,
         timeout=timedelta(seconds=120),
     )
-    try:
-        rows = time_allreduce(rank, 2, sizes, repeats=repeats, warmup=2)
-    finally:
-        dist.destroy_process_group()
+    # An error propagates with its traceback and no teardown: destroying the group while the
+    # peer may still be in a collective can abort this process before the error is printed.
+    rows = time_allreduce(rank, 2, sizes, repeats=repeats, warmup=2)
+    dist.barrier()  # nothing in flight on Gloo's threads when the group is torn down
     if rank == 0:
-        print(json.dumps(rows))
+        print(json.dumps(rows), flush=True)
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
 
 
-def measure(rate_bits: float | None, sizes: list[int], repeats: int = 7) -> list[dict]:
-    """All-reduce times between the two namespaces, one worker (1 thread) in each."""
+def measure(
+    rate_bits: float | None, sizes: list[int], repeats: int = 7, timeout: float = 300
+) -> list[dict]:
+    """All-reduce times between the two namespaces, one worker (1 thread) in each. Past
+    ``timeout`` seconds, or on any error, both workers are killed before the namespaces go."""
     with veth_pair(rate_bits) as pair:
-        port = 29400
-        procs = [
-            subprocess.Popen(
-                [
-                    *prefix,
-                    sys.executable,
-                    "-m",
-                    "helpers.dist.netns",
-                    "--worker",
-                    str(rank),
-                    pair.addresses[0],
-                    str(port),
-                    str(repeats),
-                    *map(str, sizes),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,  # c10d's warnings; shown only if a worker fails
-                text=True,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
+        port = 29400  # a fresh namespace: nothing else listens there
+        worker = [sys.executable, "-m", "helpers.dist.netns", "--worker"]
+        commands = [
+            [*prefix, *worker, str(rank), pair.addresses[0], str(port), str(repeats)]
+            + [str(s) for s in sizes]
             for rank, prefix in enumerate(pair.prefixes)
         ]
-        outs = [p.communicate(timeout=300) for p in procs]
-        if any(p.returncode for p in procs):
-            last = [err.strip().splitlines()[-1:] for _, err in outs]
+        try:
+            done = run_together(commands, timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        except TimeoutError:
             raise RuntimeError(
-                f"a worker failed (exit codes {[p.returncode for p in procs]}): {last}"
-            )
-    return json.loads(outs[0][0])
+                f"the all-reduce across the veth pair did not finish within {timeout:g} s; "
+                "both workers stopped"
+            ) from None
+    if any(d.returncode for d in done):
+        last = [d.stderr.strip().splitlines()[-1:] for d in done]  # c10d's warnings before it
+        raise RuntimeError(f"a worker failed (exit codes {[d.returncode for d in done]}): {last}")
+    return json.loads(done[0].stdout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,7 @@ from helpers.notebook.tools import (
     grading_edition,
     read,
     statement,
+    student_solution,
     to_text,
 )
 
@@ -176,9 +177,11 @@ def run_edition(nb: nbformat.NotebookNode, cwd: Path, timeout: int) -> tuple[dic
     return errors, run
 
 
-def _answer_given(cells: list) -> bool:
+def _answer_given(cells: list, handed_out: str) -> bool:
+    """Whether the answer cells hold more than the student edition handed out (the placeholder,
+    or a skeleton solution's blanked lines)."""
     code = "".join(c.source for c in cells if c.cell_type == "code")
-    return bool(code.replace(PLACEHOLDER, "").strip())
+    return bool(code.replace(PLACEHOLDER, "").strip()) and code.strip() != handed_out.strip()
 
 
 def score(sub: Submission, full: nbformat.NotebookNode, edition: nbformat.NotebookNode,
@@ -200,7 +203,7 @@ def score(sub: Submission, full: nbformat.NotebookNode, edition: nbformat.Notebo
         answer = [edition.cells[i] for i in mine if meta[i]["role"] == "answer"]
         result.written = "\n\n".join(c.source for c in answer if c.cell_type == "markdown")
         failed = sorted(i for i in mine if i in errors)
-        if not _answer_given(answer):
+        if not _answer_given(answer, student_solution(full.cells[ex.solution[0]].source)):
             result.status, result.points, result.reason = "not answered", 0, ""
         elif environment_at is not None and environment_at <= max(mine):
             ename, evalue = errors[environment_at]

@@ -27,6 +27,11 @@ The exercise convention these tools rely on (every notebook of the course follow
   ``; written answer M point(s), by hand``. It may compute the answer. The student edition drops
   it; the grading edition puts it back, and ``make grade`` scores the exercise by it.
 * Asserts that sit inside the solution cell leave with the solution.
+* A solution can be a **skeleton** instead: if lines of its (first) cell end in a ``# TODO``
+  comment, the student edition keeps that cell, expanded, with only those lines blanked. A line
+  ending ``# TODO: what to write`` becomes ``# TODO: what to write`` at its indentation; a line
+  ending in a bare ``# TODO`` (the rest of a statement already marked) is dropped. Notebook 04's
+  training script is one: the student fills in its key lines.
 
 The **grading edition** of a submission is the full edition with each solution replaced by the
 student's answer (the cell with the solution's id, and any cells the student added right after
@@ -56,6 +61,8 @@ GRADER_LINE = re.compile(
     r"(?:; written answer (?P<written>\d+) points?, by hand)?"
 )
 PLACEHOLDER = "# your solution here"
+# a line of code that ends in a TODO comment: a line a skeleton solution leaves blank
+TODO_LINE = re.compile(r"^(?P<indent>[ \t]*)[^\s#].*?[ \t]*#[ \t]*TODO(?P<hint>:.*)?$")
 
 # The kernel every notebook is written for, without what depends on the machine that ran it last
 # (the Python patch version) or on how its kernelspec was installed (the display name).
@@ -203,10 +210,31 @@ def statement(nb: NotebookNode, exercise: Exercise) -> str:
     return text[starts[-1] :] if starts else text
 
 
+def skeleton(source: str) -> str | None:
+    """A solution's source with its ``# TODO`` lines blanked (the module's doc says how), or
+    None if no line ends in ``# TODO``."""
+    kept, blanked = [], False
+    for line in source.splitlines():
+        todo = TODO_LINE.match(line)
+        if todo is None:
+            kept.append(line)
+            continue
+        blanked = True
+        if todo["hint"]:
+            kept.append(f"{todo['indent']}# TODO{todo['hint']}")
+    return "\n".join(kept) if blanked else None
+
+
+def student_solution(source: str) -> str:
+    """What the student edition puts in place of a solution's first cell: its skeleton, or
+    ``# your solution here``."""
+    return skeleton(source) or PLACEHOLDER
+
+
 def student_edition(nb: NotebookNode) -> NotebookNode:
     """The notebook as a student gets it: every solution replaced by one empty code cell saying
-    ``# your solution here``, the prose answers cut, grader cells dropped, every output cleared,
-    self-checks kept."""
+    ``# your solution here`` (or by its skeleton), the prose answers cut, grader cells dropped,
+    every output cleared, self-checks kept."""
     found = exercises(nb)
     first = {ex.solution[0] for ex in found}
     rest = {i for ex in found for i in ex.solution[1:]}
@@ -215,7 +243,7 @@ def student_edition(nb: NotebookNode) -> NotebookNode:
         if index in rest or is_grader(cell):
             continue
         if index in first:
-            cells.append(nbformat.v4.new_code_cell(PLACEHOLDER, id=cell.id))
+            cells.append(nbformat.v4.new_code_cell(student_solution(cell.source), id=cell.id))
             continue
         cell = copy.deepcopy(cell)
         if _is_marker(cell):
@@ -285,6 +313,26 @@ def grading_edition(full: NotebookNode, submission: NotebookNode) -> NotebookNod
 # --------------------------------------------------------------------------- command line
 
 
+def _write_student_editions(
+    notebooks: Sequence[Path], out: Path, kernel: str | None, keep_existing: bool
+) -> None:
+    """``student``: each notebook's student edition into ``out`` (a hub's copy: ``kernel`` set,
+    and a notebook the student already has left alone)."""
+    for path in notebooks:
+        nb, target = read(path), out / path.name
+        if keep_existing and target.exists():
+            print(f"{target}: kept (already there)")
+            continue
+        student = student_edition(nb)
+        if kernel:
+            student.metadata.kernelspec = {**KERNELSPEC, "name": kernel, "display_name":
+                                           f"Python 3 ({kernel})"}
+        target.write_text(to_text(student), encoding="utf-8")
+        graders = sum(ex.grader is not None for ex in exercises(nb))
+        removed = f"{len(exercises(nb))} solution(s) and {graders} grader check(s) removed, "
+        print(f"{target}: {removed if exercises(nb) else ''}outputs cleared")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line the Makefile calls (``make normalise``, ``make student``)."""
     p = argparse.ArgumentParser(
@@ -333,19 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             (args.out / path.name).write_text(to_text(graded), encoding="utf-8")
             print(f"{args.out / path.name}: answers in {args.full / path.name}")
         return 0
-    for path in args.notebooks:
-        nb, target = read(path), args.out / path.name
-        if args.keep_existing and target.exists():
-            print(f"{target}: kept (already there)")
-            continue
-        student = student_edition(nb)
-        if args.kernel:
-            student.metadata.kernelspec = {**KERNELSPEC, "name": args.kernel, "display_name":
-                                           f"Python 3 ({args.kernel})"}
-        target.write_text(to_text(student), encoding="utf-8")
-        graders = sum(ex.grader is not None for ex in exercises(nb))
-        removed = f"{len(exercises(nb))} solution(s) and {graders} grader check(s) removed, "
-        print(f"{target}: {removed if exercises(nb) else ''}outputs cleared")
+    _write_student_editions(args.notebooks, args.out, args.kernel, args.keep_existing)
     return 0
 
 

@@ -41,7 +41,14 @@ from helpers.training.worker import (
     train_worker_many,
     worker_data,
 )
-from helpers.training.wrap import build_model, make_optimizer, unwrapped, wrap_model
+from helpers.training.wrap import (
+    build_model,
+    make_optimizer,
+    unwrapped,
+    wrap_ddp,
+    wrap_fsdp2,
+    wrap_model,
+)
 
 __all__ = [
     "DDP_WRAP", "FSDP2", "MOMENTUM", "AfterStep", "Loop", "OptimizerName", "Probe", "RunResult",
@@ -51,5 +58,5 @@ __all__ = [
     "steps_per_epoch", "summarise", "accuracy_on_test", "torch_threads", "total_steps",
     "train_in_process", "train_steps", "train_worker", "train_worker_many", "unwrapped",
     "validate", "validate_communication", "weights_checksum", "weights_digest", "worker_data",
-    "worker_order", "wrap_model",
+    "worker_order", "wrap_ddp", "wrap_fsdp2", "wrap_model",
 ]  # fmt: skip

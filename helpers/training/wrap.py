@@ -23,30 +23,39 @@ def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimiz
     raise ValueError(f"optimizer must be 'sgd', 'momentum' or 'adam', got {config.optimizer!r}")
 
 def wrap_model(model: nn.Module, config: TrainConfig, comm_log: list | None = None) -> nn.Module:
-    """Wrap a freshly built model as ``config.sync`` asks. Inside a process group.
-
-    DDP broadcasts rank 0's weights and all-reduces the gradients in ``backward()``. FSDP2 keeps
-    a ``1/N`` shard of every parameter on each worker: every ``Linear`` becomes one unit whose
-    parameters are all-gathered just before its forward (and again before its backward, unless
-    ``reshard_after_forward=False`` keeps them), and whose gradients are reduce-scattered, so
-    that each worker ends with the averaged gradient of its own shard only. Every rank must build
-    the same initial weights (the same seed): FSDP2 shards them where they are, it broadcasts
-    nothing. Under DDP, with the configured bucket cap and communication hook (notebook 07;
-    bucket timings appended to ``comm_log`` if given)."""
+    """Wrap a freshly built model as ``config.sync`` asks (``wrap_ddp``, ``wrap_fsdp2``), or
+    leave it as it is ("none", "allreduce"). Inside a process group. Under DDP, bucket timings
+    are appended to ``comm_log`` if given (notebook 07)."""
     if config.sync == "ddp":
-        device = next(model.parameters()).device
-        device_ids = None if device.type == "cpu" else [device]
-        model = DDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
-        comm_hooks.register(model, config.comm_hook, config.powersgd_rank, comm_log)
-        return model
+        return wrap_ddp(model, config, comm_log)
     if config.sync == "fsdp2":
-        # imported here: every worker would otherwise pay about a second to import FSDP
-        from torch.distributed.fsdp import fully_shard
+        return wrap_fsdp2(model, config)
+    return model
 
-        for layer in model.modules():
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, reshard_after_forward=config.reshard_after_forward)
-        fully_shard(model, reshard_after_forward=config.reshard_after_forward)
+def wrap_ddp(model: nn.Module, config: TrainConfig, comm_log: list | None = None) -> DDP:
+    """DDP broadcasts rank 0's weights, then all-reduces the gradients in ``backward()``, in
+    buckets of ``bucket_cap_mb`` (None: DDP's default), with the configured communication hook
+    (none by default: DDP's own all-reduce; notebook 07)."""
+    device = next(model.parameters()).device
+    device_ids = None if device.type == "cpu" else [device]  # a GPU: the one it trains on
+    ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
+    comm_hooks.register(ddp, config.comm_hook, config.powersgd_rank, comm_log)
+    return ddp
+
+def wrap_fsdp2(model: nn.Module, config: TrainConfig) -> nn.Module:
+    """FSDP2 keeps a ``1/N`` shard of every parameter on each worker: every ``Linear`` becomes
+    one unit whose parameters are all-gathered just before its forward (and again before its
+    backward, unless ``reshard_after_forward=False`` keeps them), and whose gradients are
+    reduce-scattered, so that each worker ends with the averaged gradient of its own shard only.
+    Every rank must build the same initial weights (the same seed): FSDP2 shards them where they
+    are, it broadcasts nothing."""
+    # imported here: every worker would otherwise pay about a second to import FSDP
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, reshard_after_forward=config.reshard_after_forward)
+    fully_shard(model, reshard_after_forward=config.reshard_after_forward)
     return model
 
 def build_model(

@@ -19,6 +19,7 @@ The training loop is ``helpers.training``'s; the buckets and the overlap model a
 leaves out (more repeats, more seeds for PowerSGD's accuracy).
 """
 
+from helpers.dist.comm_hooks import collectives_per_bucket
 from helpers.experiments.comm_engineering.compression import (
     best_within_tolerance,
     compression_seconds,
@@ -71,7 +72,8 @@ __all__ = [
     "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_BETA", "GRADIENT_BYTES",
     "HOOK_VARIANTS", "ONE_BUCKET_MB", "QUIET_COMPUTE", "REPEATS", "TIMED_STEPS", "UNTIMED_STEPS",
     "Variant", "activation_bytes", "best_within_tolerance", "bytes_table",
-    "communication_free_ceiling", "compression_seconds", "deep_mlp", "layer_of_parameters",
+    "collectives_per_bucket", "communication_free_ceiling", "compression_seconds", "deep_mlp",
+    "layer_of_parameters",
     "make_mlp_stack", "mlp_layers", "model_speedups", "model_step_seconds", "overlap_share",
     "overlap_table", "record_timelines", "saved_activation_bytes", "scaled_compute",
     "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",

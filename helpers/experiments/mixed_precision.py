@@ -1,0 +1,262 @@
+"""Mixed precision (notebook 09, section 3): bfloat16 where it is cheap to be wrong (the matrix
+products, the activations), float32 where rounding would accumulate (the weights the optimizer
+updates, the gradients' sums), on the CPU and across workers.
+
+``cpu_features`` reads which bf16 instructions this processor has; ``step_seconds`` times a
+training step and a matrix product in float32 and under ``torch.autocast``; ``precision_worker``
+trains the reference in both, one seed per run, for their test accuracies; ``fsdp_mp_worker``
+runs FSDP2 with ``MixedPrecisionPolicy`` on Gloo and counts what it sends and holds;
+``bytes_per_parameter`` is the Ultra-Scale Playbook's arithmetic."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from helpers.data import load_har
+from helpers.dist.counting import CollectiveCounter
+from helpers.experiments.memory import state_bytes
+from helpers.experiments.saved_activations import SavedActivations
+from helpers.experiments.split_training import Steps, gaps, one_worker
+from helpers.training.metrics import accuracy
+from helpers.training.model import make_mlp
+from helpers.training.order import epoch_order, local_slice
+
+# The instructions a CPU's bf16 matrix products can use, best first, as /proc/cpuinfo names them.
+BF16_FLAGS = {
+    "amx_bf16": "AMX tiles multiply bf16 matrices (Intel Sapphire Rapids and later)",
+    "avx512_bf16": "AVX-512 BF16: dot products of bf16 pairs into float32 (Cooper Lake, Zen 4)",
+    "avx512f": "AVX-512 without BF16: bf16 converted to float32, then multiplied",
+    "avx2": "AVX2: 8 float32 lanes, no bf16 instructions",
+}
+
+
+def cpu_features(path: str = "/proc/cpuinfo") -> dict[str, bool]:
+    """Which of ``BF16_FLAGS`` this processor reports (Linux); empty where there is no
+    ``/proc/cpuinfo`` (macOS)."""
+    try:
+        with open(path) as info:
+            flags = next((line.split(":", 1)[1].split() for line in info
+                          if line.startswith("flags")), [])  # fmt: skip
+    except OSError:
+        return {}
+    return {flag: flag in flags for flag in BF16_FLAGS}
+
+
+def autocast(enabled: bool):
+    """bf16 autocast on the CPU, or nothing."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else nullcontext()
+
+
+def _median_seconds(fn, repeats: int, warmup: int = 1) -> tuple[float, float]:
+    """Median wall and CPU (this thread's) seconds of ``fn()`` over ``repeats`` calls."""
+    wall, cpu = [], []
+    for i in range(warmup + repeats):
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        fn()
+        if i >= warmup:  # the first calls allocate and pick kernels
+            wall.append(time.perf_counter() - started)
+            cpu.append(time.thread_time() - cpu_started)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def step_seconds(repeats: int = 20, batch: int = 256, bf16: bool = False, step: bool = True,
+                 warmup: int = 1) -> dict[str, float]:  # fmt: skip
+    """Median seconds, wall and CPU, of one training step of the reference MLP (forward,
+    backward, SGD step; if ``step``) and of one product of a batch by a 1024x1024 matrix, in
+    float32 or in bf16 (under autocast for the step), in this process with its threads, after
+    ``warmup`` untimed calls (the step gets one more: its first allocates the gradients)."""
+    torch.manual_seed(0)
+    model = make_mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    X, y = torch.randn(batch, 561), torch.randint(0, 6, (batch,))
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    a, b = torch.randn(batch, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+
+    def train_step() -> None:
+        optimizer.zero_grad()
+        with autocast(bf16):
+            loss = F.cross_entropy(model(X).float(), y)
+        loss.backward()
+        optimizer.step()
+
+    out = dict(zip(("matmul_s", "matmul_cpu_s"),
+                   _median_seconds(lambda: a @ b, repeats, warmup), strict=True))  # fmt: skip
+    if step:
+        out.update(zip(("step_s", "step_cpu_s"), _median_seconds(train_step, repeats, warmup + 1),
+                       strict=True))  # fmt: skip
+    return out
+
+
+# oneDNN's names for the instruction sets it may be capped at (ONEDNN_MAX_CPU_ISA), with the
+# processors that stop there
+ISA_CAPS = {
+    "": "this processor, uncapped",
+    "AVX512_CORE": "AVX-512 without BF16 (Skylake-SP, Ice Lake)",
+    "AVX2": "AVX2 (Haswell to Zen 3)",
+}
+
+
+def isa_worker(rank: int, world_size: int, caps: list[str], repeats: int = 10) -> list[dict]:
+    """Each rank in turn (the others wait at a barrier) caps the instruction sets oneDNN, the
+    library behind PyTorch's CPU matrix products, may use (``ONEDNN_MAX_CPU_ISA``, read at its
+    first product, so set in a fresh process) and times a float32 and a bf16 product, and on
+    the uncapped rank the training step too: the same code on older processors. One rank per
+    cap. A bf16 product oneDNN cannot take is timed once: it takes seconds."""
+    import os
+
+    import torch.distributed as dist
+
+    cap = caps[rank]
+    if cap:
+        os.environ["ONEDNN_MAX_CPU_ISA"] = cap
+    rows = []
+    for turn in range(world_size):
+        dist.barrier()
+        if turn == rank:
+            onednn_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            for bf16 in (False, True):
+                slow = bf16 and not onednn_bf16  # PyTorch's own kernels: seconds a product
+                timed = step_seconds(1 if slow else repeats, bf16=bf16, step=not cap,
+                                     warmup=0 if slow else 1)  # fmt: skip
+                rows.append({"cap": cap, "bf16": bf16, "onednn_bf16": onednn_bf16, **timed})
+    return rows
+
+
+def saved_bytes(bf16: bool, batch: int = 256) -> dict[str, int]:
+    """Bytes autograd saves for the backward of one forward of the reference MLP: activations,
+    and the weight copies autocast makes (``saved_activations.SavedActivations``)."""
+    torch.manual_seed(0)
+    model = make_mlp()
+    meter = SavedActivations(list(model.parameters()))
+    with meter.hooks(), autocast(bf16):
+        output = model(torch.randn(batch, 561))
+    del output
+    return {"activations": meter.peak_bytes, "weight copies": meter.peak_copy_bytes}
+
+
+def bytes_per_parameter(mixed: bool, optimizer: str = "adam") -> dict[str, int]:
+    """Bytes a worker keeps per parameter (Hugging Face's Ultra-Scale Playbook): in float32,
+    4 for the weight, 4 for its gradient, and Adam's two float32 moments; in mixed precision
+    2 + 2 for the bf16 weight and gradient, and 12 more for the float32 master weight and the
+    moments: the same 16 bytes. Mixed precision saves compute, activations and traffic, not
+    this."""
+    moments = {"sgd": 0, "momentum": 4, "adam": 8}[optimizer]
+    if not mixed:
+        return {"parameters": 4, "gradients": 4, "master weights": 0, "optimizer": moments}
+    return {"parameters": 2, "gradients": 2, "master weights": 4, "optimizer": moments}
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def train_precision(seed: int, bf16: bool, epochs: int, global_batch: int, lr: float,
+                    data: str | None) -> dict:  # fmt: skip
+    """The reference training (SGD, the course's data order) from ``seed``, its forward and
+    loss under bf16 autocast or not; the test accuracy, evaluated in the same precision."""
+    har = load_har(data, download=False)
+    X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
+    torch.manual_seed(seed)
+    model = make_mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for epoch in range(epochs):
+        order = epoch_order(len(X), epoch)
+        for i in range(len(X) // global_batch):
+            idx = order[i * global_batch : (i + 1) * global_batch]
+            optimizer.zero_grad()
+            with autocast(bf16):
+                loss = F.cross_entropy(model(X[idx]).float(), y[idx])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    with autocast(bf16):
+        acc = accuracy(model, torch.from_numpy(har.X_test), torch.from_numpy(har.y_test))
+    return {"seed": seed, "bf16": bf16, "accuracy": acc, "losses": losses}
+
+
+def precision_worker(rank: int, world_size: int, seeds: list[int], epochs: int = 5,
+                     global_batch: int = 256, lr: float = 0.05,
+                     data: str | None = None) -> list[dict]:  # fmt: skip
+    """This rank's share of the seeds, each trained in float32 and in bf16: independent
+    trainings, spread over the workers only to use every core."""
+    return [train_precision(seed, bf16, epochs, global_batch, lr, data)
+            for seed in seeds[rank::world_size] for bf16 in (False, True)]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- across workers
+
+
+def _steps(model: nn.Module, spec: Steps, X, y, rank: int, world: int, bf16: bool) -> list:
+    """``spec``'s steps on this rank's slice; the collectives of the last one, counted."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr)
+    calls: list = []
+    for idx in spec.batches(len(X)):
+        mine = local_slice(idx, rank, world)
+        optimizer.zero_grad()
+        with CollectiveCounter() as counter:
+            with autocast(bf16):
+                loss = F.cross_entropy(model(X[mine]).float(), y[mine])
+            loss.backward()
+        calls = counter.calls
+        optimizer.step()
+    return calls
+
+
+def _dtypes(model: nn.Module) -> dict[str, str]:
+    p = next(model.parameters())
+    local = p.to_local() if hasattr(p, "to_local") else p
+    return {"parameter": str(local.dtype).replace("torch.", ""),
+            "gradient": str(p.grad.dtype).replace("torch.", "") if p.grad is not None else "-"}
+
+
+def _whole(model: nn.Module) -> np.ndarray:
+    return np.concatenate([(p.full_tensor() if hasattr(p, "full_tensor") else p)
+                           .detach().double().numpy().ravel() for p in model.parameters()])
+
+
+def fsdp_mp_worker(rank: int, world_size: int, spec: Steps) -> dict:
+    """``spec``'s steps as data parallelism in five precisions: DDP in float32 and under bf16
+    autocast; FSDP2 in float32, with bf16 parameters and float32 reductions, and all in bf16
+    (``MixedPrecisionPolicy``). For each: the dtypes held, the bytes held (``state_bytes``),
+    the last step's collectives, the final weights' gap to one worker in float32, or the error
+    it stopped with."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    X, y = spec.data_tensors()
+    reference = one_worker(spec, X, y)
+    policies = {
+        "FSDP2 fp32": None,
+        "FSDP2 bf16 params, fp32 reduce": MixedPrecisionPolicy(torch.bfloat16, torch.float32),
+        "FSDP2 bf16 params, bf16 reduce": MixedPrecisionPolicy(torch.bfloat16, torch.bfloat16),
+    }
+    report = {}
+    for name in ("DDP fp32", "DDP autocast bf16", *policies):
+        try:
+            model = spec.model()
+            if name.startswith("DDP"):
+                model = DDP(model)
+            else:
+                policy = policies[name] or MixedPrecisionPolicy()
+                for layer in model:
+                    if isinstance(layer, nn.Linear):
+                        fully_shard(layer, mp_policy=policy)
+                fully_shard(model, mp_policy=policy)
+            calls = _steps(model, spec, X, y, rank, world_size, name == "DDP autocast bf16")
+            plain = model.module if isinstance(model, DDP) else model
+            weights = _whole(plain)
+            report[name] = {"calls": calls, "dtypes": _dtypes(plain),
+                            "held": state_bytes(plain, None),
+                            "gap": gaps({"weights": weights}, {"weights": reference["weights"]})
+                            ["weights"], "error": None}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - what the backend refuses is the lesson
+            report[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+    return report
+

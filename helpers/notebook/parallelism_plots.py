@@ -1,0 +1,98 @@
+"""Notebook 09's figures: a pipeline step's timeline per stage, the bubble against the number of
+micro-batches, and the modelled step time of each parallelism against the link's bandwidth.
+Each returns its figure, titled with the source of its data; the notebook calls ``plt.show()``."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+
+def plot_pipeline_timelines(steps: dict[str, dict[int, list[tuple]]], source: str) -> Figure:
+    """One panel per schedule: a row per stage, a bar per forward (light) and backward (dark)
+    of each micro-batch, numbered, in milliseconds from the step's first start, on the wall
+    clock. ``steps``: a title to the stages' events (``pipeline.TimedStage.events``)."""
+    fig, axes = plt.subplots(len(steps), 1, figsize=(9.0, 1.7 * len(steps) + 0.9), squeeze=False)
+    for ax, (title, events) in zip(axes[:, 0], steps.items(), strict=True):
+        origin = min(e[2] for evs in events.values() for e in evs)
+        end = max(e[3] for evs in events.values() for e in evs) - origin
+        for stage, evs in events.items():
+            for kind, mb, start, stop, _ in evs:
+                colour = "C0" if kind == "F" else "C3"
+                left, width = 1e3 * (start - origin), 1e3 * (stop - start)
+                ax.broken_barh([(left, width)], (stage - 0.38, 0.76), color=colour,
+                               alpha=0.55 if kind == "F" else 0.85)  # fmt: skip
+                if width > 0.025 * 1e3 * end:
+                    ax.text(left + width / 2, stage, f"{kind}{mb}", ha="center", va="center",
+                            fontsize=7, color="white")  # fmt: skip
+        ax.set_yticks(sorted(events), [f"stage {s}" for s in sorted(events)])
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1e3 * end * 1.01)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("milliseconds from the first forward (wall clock); between the bars a "
+                           "stage waits: the bubble, the sends, other programs")
+    axes[0, 0].legend(handles=[Patch(color="C0", alpha=0.55, label="forward"),
+                               Patch(color="C3", alpha=0.85, label="backward")],
+                      fontsize=8, loc="upper right")  # fmt: skip
+    fig.suptitle(f"One pipelined training step, 2 stages\n{source}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_bubble(table: pd.DataFrame, stages: int, source: str) -> Figure:
+    """The pipeline's idle fraction against the micro-batches ``m``: measured on the wall clock
+    and replayed from the CPU seconds (medians over repeats), per schedule, beside
+    ``(p - 1) / (m + p - 1)``. ``table``: ``pipeline.bubble_table`` as a DataFrame."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    m = np.unique(table["m"])
+    grid = np.geomspace(m.min(), m.max(), 100)
+    ax.plot(grid, (stages - 1) / (grid + stages - 1), "k-", lw=1,
+            label=f"(p - 1) / (m + p - 1), p = {stages}: equal stages")  # fmt: skip
+    for i, (name, rows) in enumerate(table.groupby("schedule")):
+        rows = rows.sort_values("m")
+        ax.plot(rows["m"], rows["pipeline idle (wall)"], "o--", color=f"C{i}",
+                label=f"{name}: measured, wall clock")  # fmt: skip
+        ax.plot(rows["m"], rows["pipeline idle (replayed)"], "s-", color=f"C{i}", mfc="none",
+                label=f"{name}: replayed from CPU seconds")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(m, [str(v) for v in m])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("micro-batches per step, m")
+    ax.set_ylabel("idle fraction of the stages' time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"The pipeline bubble against the number of micro-batches\n{source}",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def plot_link_sweeps(sweeps: dict[str, pd.DataFrame], source: str,
+                     marks: dict[str, float] | None = None) -> Figure:  # fmt: skip
+    """One panel per workload: the modelled step time of each strategy against the link's
+    bandwidth (``parallelism_costs.sweep_links``), strategies that do not fit the memory left
+    out; vertical lines at named bandwidths (``marks``, bytes per second)."""
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.4), squeeze=False)
+    for ax, (title, sweep) in zip(axes[0], sweeps.items(), strict=True):
+        for i, strategy in enumerate(sweep.columns):
+            fits = sweep[strategy].notna().any()
+            ax.plot(sweep.index / 1e9, sweep[strategy], color=f"C{i}",
+                    label=strategy if fits else f"{strategy}: does not fit")  # fmt: skip
+        for name, bandwidth in (marks or {}).items():
+            ax.axvline(bandwidth / 1e9, color="0.6", lw=0.8, ls=":")
+            ax.text(bandwidth / 1e9, 1.0, f" {name}", transform=ax.get_xaxis_transform(),
+                    rotation=90, va="top", fontsize=7, color="0.4")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("link bandwidth (GB/s)")
+        ax.set_ylabel("modelled step time (ms)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Which parallelism when: modelled step time per link\n{source}", fontsize=10)
+    fig.tight_layout()
+    return fig
