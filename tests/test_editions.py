@@ -22,24 +22,6 @@ from helpers.notebook.tools import (
 )
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-# Notebooks whose exercises still have the old self-checks, which compute or state the answer,
-# and no grader cells; each is being edited on another branch. The lead removes a notebook from
-# here once it follows the rules (its entry then fails as an unexpected pass, as a reminder).
-NOT_YET_CONVERTED = {
-    "03_ddp_on_har": "the checks call same_training and validate, as the solutions do",
-    "07_cheaper_communication": "the checks rebuild the model's step times with ce.*",
-    "08_sharding_with_fsdp2": "the checks compute the byte counts; sys imported for exercise 3",
-    "10_beyond_one_machine": "the checks state the answers (step 15, 3718, 0.02-0.025)",
-}
-
-
-def converted(paths: list[Path]) -> list:
-    """The notebooks, those not yet converted marked as expected (strict) failures."""
-    return [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=NOT_YET_CONVERTED[p.stem]))
-        if p.stem in NOT_YET_CONVERTED else p
-        for p in paths
-    ]  # fmt: skip
 # The cheapest notebook (NumPy only, seconds): the student edition is run up to its first exercise.
 STUDENT_RUN = ["01_allreduce_by_hand.ipynb"]
 
@@ -77,7 +59,7 @@ def test_every_solution_is_collapsed_and_graded_by_a_check_cell_that_asserts(pat
         assert "assert " in nb.cells[ex.check].source, f"cell {ex.check}: a check that asserts"
 
 
-@pytest.mark.parametrize("path", converted(NOTEBOOKS), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_exercise_has_a_grader_check_with_its_points(path: Path):
     """`make grade` scores an exercise by its `# Grader: N points` cell (COURSE.md, "Grading")."""
     nb = read(path)
@@ -89,7 +71,7 @@ def test_every_exercise_has_a_grader_check_with_its_points(path: Path):
     assert stray == [ex.grader for ex in exercises(nb)], "a grader cell follows its exercise"
 
 
-@pytest.mark.parametrize("path", converted(NOTEBOOKS), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_student_edition_gives_no_answer_away(path: Path):
     """No solution, no grader check, no self-check that computes or states the answer and no
     import that only an exercise uses are left in the student edition (the rules are in

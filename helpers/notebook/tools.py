@@ -201,13 +201,18 @@ def _without_solution_prose(source: str) -> str:
 
 def statement(nb: NotebookNode, exercise: Exercise) -> str:
     """The exercise's statement as the student edition shows it: the markdown cell before the
-    solution, from the exercise's bold number (``**2. ...``) to the ``*Solution*`` paragraph."""
-    before = nb.cells[exercise.solution[0] - 1]
-    if before.cell_type != "markdown":
-        return ""
-    text = _without_solution_prose(before.source) if _is_marker(before) else before.source
+    solution, from the exercise's bold number (``**2. ...``) to the ``*Solution*`` paragraph,
+    which may stand in a markdown cell of its own after the statement's."""
+    text, index = "", exercise.solution[0] - 1
+    while index >= 0 and nb.cells[index].cell_type == "markdown":
+        cell = nb.cells[index]
+        part = _without_solution_prose(cell.source) if _is_marker(cell) else cell.source
+        text = f"{part}\n\n{text}" if text else part
+        if re.search(r"^\*\*\d+\.", text, re.MULTILINE):
+            break
+        index -= 1
     starts = [m.start() for m in re.finditer(r"^\*\*\d+\.", text, re.MULTILINE)]
-    return text[starts[-1] :] if starts else text
+    return text[starts[-1] :].rstrip() if starts else text
 
 
 def skeleton(source: str) -> str | None:
