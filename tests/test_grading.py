@@ -163,3 +163,30 @@ def test_a_failing_course_cell_is_the_environments_and_is_run_again(tmp_path: Pa
     report = (out / "report.md").read_text()
     assert "rerun these" in report and "dana, `09_a` exercise 2" in report
     assert "> Because two is one more than one." in report, "the written answer, to mark"
+
+
+def test_a_skeleton_handed_back_unchanged_is_not_answered(tmp_path: Path):
+    """Notebook 04's exercises hand out their solution with its key lines blanked: a submission
+    that leaves the skeleton as it came scores "not answered", one that fills it in is graded."""
+    full = new_notebook(cells=[
+        new_markdown_cell("**1. Fill in.** Complete the lines marked `TODO`.\n\n*Solution*: 3."),
+        new_code_cell("x = 1\ny = x + 2  # TODO: y from x",
+                      metadata={"jupyter": {"source_hidden": True}}),
+        new_code_cell("# Check\nassert y > 0"),
+        new_code_cell("# Grader: 1 point\nassert y == 3"),
+    ])  # fmt: skip
+    full_dir, submissions = tmp_path / "full", tmp_path / "submissions"
+    full_dir.mkdir()
+    (submissions / "erin").mkdir(parents=True)
+    (submissions / "fred").mkdir()
+    nbformat.write(full, full_dir / "04_a.ipynb")
+    handed_out = student_edition(full)
+    assert "x = 1\n# TODO: y from x" in [c.source for c in handed_out.cells]
+    (submissions / "erin" / "04_a.ipynb").write_text(to_text(handed_out))
+    (submissions / "fred" / "04_a.ipynb").write_text(to_text(answered(full, ["x = 1\ny = 3"])))
+    out = tmp_path / "grades"
+
+    assert main([str(submissions), "--out", str(out), "--full", str(full_dir)]) == 0
+    grades = rows(out)
+    assert (grades["erin", 1]["status"], grades["erin", 1]["points"]) == ("not answered", "0")
+    assert (grades["fred", 1]["status"], grades["fred", 1]["points"]) == ("passed", "1")
