@@ -34,7 +34,7 @@ TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # notebook; the course's workflow runs it in CI too.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
-.PHONY: help reproduce test test-other-processor test-slurm test-browser lab warm notebooks normalise student timings
+.PHONY: help reproduce test test-other-processor test-slurm test-browser lab warm notebooks normalise student timings grade hub-kernel hub-user
 
 ## help: list the targets, one line each
 help:
@@ -96,9 +96,11 @@ else
 endif
 	$(CHECKED) DDP_COURSE_BROWSER=$(CHROMIUM) $(PY) -m pytest tests/browser -rxs $(ARGS)
 
-## lab: JupyterLab on notebooks/
+## lab: JupyterLab on lab/, your own copy of notebooks/ (made on first use; notebooks/ stays as committed)
 lab: $(INSTALLED)
-	$(VENV)/bin/jupyter lab notebooks/
+	mkdir -p lab
+	for nb in $(NOTEBOOKS); do test -e "lab/$${nb#notebooks/}" || cp "$$nb" lab/; done
+	$(VENV)/bin/jupyter lab lab/
 
 ## warm: before class: the venv, the data caches and first imports, so nothing downloads in class
 warm: $(INSTALLED)
@@ -122,6 +124,25 @@ normalise: $(INSTALLED)
 timings: $(INSTALLED)
 	$(PY) -m helpers.notebook.timings --cores $(or $(CORES),2) $(NOTEBOOKS)
 
-## student: the student edition in student/ (outputs cleared, solutions removed; not committed)
+## student: the student edition in student/ (outputs cleared, solutions and grader checks removed)
 student: $(INSTALLED)
 	$(PY) -m helpers.notebook.tools student --out student $(NOTEBOOKS)
+
+## grade: score a class's notebooks, make grade SUBMISSIONS=folder (grades/: CSV, report; COURSE.md)
+grade: $(INSTALLED)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder [OUT=grades]"; exit 2; }
+	HAR_DATA=$${HAR_DATA:-recordings} DDP_COURSE_CORES=$${DDP_COURSE_CORES:-2} \
+		$(PY) -m helpers.notebook.grading "$(SUBMISSIONS)" --out "$(or $(OUT),grades)" $(ARGS)
+
+## hub-kernel: register .venv as the Jupyter kernel ddp-course, HAR_DATA pinned (PREFIX=/usr/local: all users)
+hub-kernel: $(INSTALLED)
+	$(PY) -m ipykernel install --name ddp-course --display-name "Python 3 (ddp-course)" \
+		$(if $(PREFIX),--prefix "$(PREFIX)",--user) --env HAR_DATA "$${HAR_DATA:-recordings}" \
+		$(if $(HAR_ROOT),--env HAR_ROOT "$(HAR_ROOT)")
+
+## hub-user: a student's own copy of student/ in DEST, on the ddp-course kernel (never overwrites)
+hub-user:
+	@test -n "$(DEST)" || { echo "usage: make hub-user DEST=/home/<student>/ddp-course"; exit 2; }
+	@test -d student || { echo "no student/ here: run make student first"; exit 2; }
+	$(PY) -m helpers.notebook.tools student --kernel ddp-course --keep-existing --out "$(DEST)" \
+		$(wildcard student/[0-9][0-9]_*.ipynb)

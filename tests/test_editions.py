@@ -1,5 +1,6 @@
 """The committed notebooks as editions: the full edition in normal form with every solution run
-and checked, and the student edition runnable up to its first exercise."""
+and checked by its self-check and its grader check, and the student edition, which gives nothing
+away (helpers/notebook/rules.py) and runs up to its first exercise."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from pathlib import Path
 import pytest
 from nbclient import NotebookClient
 
+from helpers.notebook.rules import student_edition_problems
 from helpers.notebook.tools import (
     PLACEHOLDER,
     exercises,
+    grader_points,
+    is_grader,
     is_normal,
     read,
     student_edition,
@@ -35,7 +39,8 @@ def test_every_solution_ran_and_passed_its_asserts_in_the_full_edition(path: Pat
     found = exercises(nb)
     assert found, "every notebook ends with exercises that have a solution"
     for ex in found:
-        cells = [nb.cells[i] for i in (*ex.solution, *([ex.check] if ex.check else []))]
+        graded = [i for i in (ex.check, ex.grader) if i is not None]
+        cells = [nb.cells[i] for i in (*ex.solution, *graded)]
         assert any("assert " in c.source for c in cells), f"cell {ex.solution[0]}: no asserts"
         for cell in cells:
             assert cell.execution_count is not None, f"cell {ex.solution[0]} was not run"
@@ -55,6 +60,29 @@ def test_every_solution_is_collapsed_and_graded_by_a_check_cell_that_asserts(pat
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_exercise_has_a_grader_check_with_its_points(path: Path):
+    """`make grade` scores an exercise by its `# Grader: N points` cell (COURSE.md, "Grading")."""
+    nb = read(path)
+    for ex in exercises(nb):
+        assert ex.grader is not None, f"cell {ex.solution[0]}: no `# Grader: N points` cell"
+        assert grader_points(nb.cells[ex.grader])[0] >= 1
+        assert "assert " in nb.cells[ex.grader].source, f"cell {ex.grader}: it must assert"
+    stray = [i for i, c in enumerate(nb.cells) if is_grader(c)]
+    assert stray == [ex.grader for ex in exercises(nb)], "a grader cell follows its exercise"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_student_edition_gives_no_answer_away(path: Path):
+    """No solution, no grader check, no self-check that computes or states the answer and no
+    import that only an exercise uses are left in the student edition (the rules are in
+    helpers/notebook/rules.py)."""
+    nb = read(path)
+    student = student_edition(nb)
+    assert not any(is_grader(c) for c in student.cells)
+    assert student_edition_problems(nb) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_student_edition_holds_no_solution_and_no_output(path: Path):
     nb = read(path)
     student = student_edition(nb)
@@ -65,7 +93,7 @@ def test_student_edition_holds_no_solution_and_no_output(path: Path):
     assert all(s == PLACEHOLDER or s in sources for s in left)
     assert sources.count(PLACEHOLDER) == left.count(PLACEHOLDER)
     assert not any(r in sources for r in removed)
-    assert not any("*Solution*" in s for s in sources)
+    assert not any("*Solution*" in s or s.startswith("# Grader") for s in sources)
     assert all(not c.get("outputs") for c in student.cells)
 
 

@@ -40,3 +40,20 @@ def test_a_notebook_is_timed_in_a_copy_with_the_cores_it_plans_for(tmp_path: Pat
 def test_no_cores_is_refused(cores: int):
     with pytest.raises(ValueError, match="core"):
         timings.check_cores(cores)
+
+
+def test_peak_memory_is_summed_over_the_kernel_and_the_processes_it_starts(tmp_path: Path):
+    """A notebook whose cell starts a child holding 200 MB: the peak counts the child's too."""
+    if not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("peak memory is read from /proc (Linux)")
+    hold = (
+        "import subprocess, sys\n"
+        "child = 'b = bytearray(200 * 2**20); import time; time.sleep(2)'\n"
+        "subprocess.run([sys.executable, '-c', child], check=True)"
+    )
+    path = tmp_path / "00_memory.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(hold)]), path)
+    timing = timings.time_notebook(path, 1, "standin", tmp_path / "out")
+    assert timing.ok
+    assert timing.peak_rss >= timing.peak_pss > 200 * 2**20, "the child's 200 MB are in the sum"
+    assert "GiB PSS" in timings.markdown_rows([timing])

@@ -12,13 +12,57 @@ ARTICLE_THREADS_PER_WORKER = 2  # the reference article gave each worker (one "m
 
 CORES_ENV = "DDP_COURSE_CORES"  # use at most this many cores (make test: 2, the reference machine)
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _quota_cores(root: str = CGROUP_ROOT, proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """Whole cores a CFS bandwidth quota allows this process, rounded down (at least 1), or None
+    without a quota: cgroup v2's ``cpu.max`` ("200000 100000": 2 cores; "max 100000": none), or
+    v1's ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (-1: none), in the process's own cgroup
+    and every cgroup above it (a limit anywhere up the tree applies; the tightest counts)."""
+    try:
+        lines = open(proc_cgroup, encoding="utf-8").read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2, one hierarchy
+            bases = [root]
+        elif "cpu" in controllers.split(","):  # v1, the cpu controller's own hierarchy
+            bases = [os.path.join(root, name) for name in (controllers, "cpu", "cpu,cpuacct")]
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for base in bases:
+            # from the process's cgroup up to the root; inside a container the path named by
+            # /proc/self/cgroup may be the host's, and the container sees its own cgroup as root
+            for depth in range(len(parts), -1, -1):
+                here = os.path.join(base, *parts[:depth])
+                try:
+                    if controllers == "":
+                        quota, period = open(os.path.join(here, "cpu.max")).read().split()[:2]
+                    else:
+                        quota = open(os.path.join(here, "cpu.cfs_quota_us")).read().strip()
+                        period = open(os.path.join(here, "cpu.cfs_period_us")).read().strip()
+                except (OSError, ValueError):
+                    continue
+                if quota not in ("max", "-1") and int(period) > 0:
+                    limits.append(max(1, int(quota) // int(period)))
+    return min(limits) if limits else None
+
 
 def machine_cores() -> int:
-    """Cores this process may run on (respects CPU affinity and container limits on Linux)."""
+    """Cores this process may run on: its CPU affinity (what a cpuset allows), capped on Linux by a
+    CFS bandwidth quota (a container's CPU limit: Kubernetes' ``limits.cpu``, ``docker run
+    --cpus``), which leaves the affinity alone but throttles the process once its threads have
+    used the quota in a period."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+    quota = _quota_cores()
+    return min(cores, quota) if quota else cores
 
 
 def available_cores() -> int:

@@ -3,8 +3,10 @@
 ``python -m helpers.notebook.timings --cores 4 notebooks/*.ipynb`` (``make timings CORES=4``)
 executes every notebook in a fresh kernel, one at a time, into a temporary folder (the committed
 notebooks stay as they are), with the course planning for ``--cores`` cores, and prints one
-Markdown table row per notebook with the load average beside it: a timing taken while other
-programs share the cores measures them too.
+Markdown table row per notebook with the load average beside it (a timing taken while other
+programs share the cores measures them too) and, on Linux, the peak memory of the notebook's
+kernel and its workers together (``helpers.notebook.tree_memory``), what a hub must give each
+student.
 
 ``--cores`` sets ``DDP_COURSE_CORES``, which caps the cores the course plans with; it cannot add
 any, so a column for N cores needs a machine with at least N.
@@ -23,19 +25,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.dist.cores import CORES_ENV, machine_cores
+from helpers.notebook.tree_memory import PeakSampler
 from helpers.training.measure import cpu_model
 
 
 @dataclass(frozen=True)
 class NotebookTiming:
-    """One notebook's run: wall seconds, whether it ran through, and the 1-minute load average
-    before and after it."""
+    """One notebook's run: wall seconds, whether it ran through, the 1-minute load average
+    before and after it, and the peak summed RSS and PSS of its kernel and workers (0: not
+    sampled)."""
 
     notebook: str
     seconds: float
     ok: bool
     load_before: float
     load_after: float
+    peak_rss: int = 0
+    peak_pss: int = 0
 
 
 def check_cores(cores: int) -> None:
@@ -55,9 +61,13 @@ def time_notebook(path: Path, cores: int, data: str, out: Path) -> NotebookTimin
                "--ExecutePreprocessor.timeout=1800", "--output-dir", str(out), str(path)]
     before = os.getloadavg()[0]
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    with PeakSampler(process.pid) as peak:  # the kernel and its workers run below nbconvert
+        process.wait()
     seconds = time.perf_counter() - start
-    return NotebookTiming(path.stem, seconds, done.returncode == 0, before, os.getloadavg()[0])
+    return NotebookTiming(path.stem, seconds, process.returncode == 0, before,
+                          os.getloadavg()[0], peak.rss, peak.pss)  # fmt: skip
 
 
 def markdown_rows(timings: Sequence[NotebookTiming]) -> str:
@@ -65,9 +75,11 @@ def markdown_rows(timings: Sequence[NotebookTiming]) -> str:
     rows = []
     for t in timings:
         result = "" if t.ok else ", FAILED"
+        memory = (f" {t.peak_rss / 2**30:.1f} GiB RSS, {t.peak_pss / 2**30:.1f} GiB PSS |"
+                  if t.peak_rss else "")  # fmt: skip
         rows.append(
             f"| `{t.notebook}` | {t.seconds:.0f} s (load {t.load_before:.1f}-{t.load_after:.1f}"
-            f"{result}) |"
+            f"{result}) |{memory}"
         )
     return "\n".join(rows)
 
@@ -86,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"{cpu_model()}, {machine_cores()} cores, planning for {args.cores}, data {args.data}")
-    print(f"| notebook | {args.cores} cores |\n| --- | ---: |")
+    print(f"| notebook | {args.cores} cores | peak memory, kernel and workers |")
+    print("| --- | ---: | ---: |")
     timings = []
     with tempfile.TemporaryDirectory() as out:
         for path in args.notebooks:

@@ -296,12 +296,6 @@ def test_student_edition_fails_at_the_first_check_naming_what_is_missing(student
     assert message.split(": ", 1)[1] in shown[index], "the error is not shown in the browser"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="today a check after an undone exercise fails with Python's bare NameError "
-    "(name 'prediction_ring' is not defined), not a message that says what to write; "
-    "helpers/notebook_tools is being reworked",
-)
 def test_student_edition_check_says_what_to_do(student_01):
     saved, _ = student_01
     index, message = errors(saved)[0]
