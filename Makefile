@@ -26,12 +26,12 @@ OTHER_PROCESSOR := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.ipynb)
 TRAINING_NOTEBOOKS := $(filter-out notebooks/01_% notebooks/02_%,$(NOTEBOOKS))
 # The second pass runs about twice as slowly as the first (MKL's compatible path). Within the
-# suite's 15 minutes on 2 cores, with eight notebooks, `make test` gives it notebook 03: its
+# suite's 20 minutes on 2 cores, with eleven notebooks, `make test` gives it notebook 03: its
 # asserts compare trainings on 1 and 2 workers, which rounding moves, and it is the course's
 # central claim. 05 (the best rate, the noise scale, warm-up over seeds) rests on rounding too but
 # takes 5 minutes there; the others compare runs made side by side on one machine, or time them.
 # `make test-other-processor` checks every notebook that trains: run it before committing a
-# notebook; the course's workflow runs it in CI too.
+# notebook (TRAINING_NOTEBOOKS="..." names some); .ci/run adds 04, 09 and 11, the workflow all.
 OTHER_PROCESSOR_NOTEBOOKS := $(filter notebooks/03_%,$(NOTEBOOKS))
 
 .PHONY: help reproduce test test-other-processor test-slurm test-browser lab warm notebooks normalise student timings grade hub-kernel hub-user
