@@ -8,8 +8,9 @@ kernel adds changes the last bits of its result, and a training amplifies them s
 * **a kernel that races**: on CPU, ``index_put_`` and ``put_`` with ``accumulate=True`` add into
   the same element from several threads in whatever order they arrive, so two identical calls
   can differ (``racing_sums``); ``torch.use_deterministic_algorithms(True)`` switches them to a
-  sorted, ordered version, and makes the ops that have none raise (on CPU in 2.13: ``put_``
-  without accumulate, ``MaxUnpool``; most CPU kernels are deterministic for a fixed thread count);
+  single-threaded loop that adds in index order, and makes the ops that have none raise (on CPU
+  in 2.13: ``put_`` without accumulate, ``MaxUnpool``; most CPU kernels are deterministic for a
+  fixed thread count);
 * **another processor**: other vector instructions (AVX-512, AVX2, none) and another MKL code
   path add in other orders; ``OTHER_PROCESSOR`` simulates one, as the course's second nbval pass
   does (``fresh_checksums`` trains in fresh processes with and without it).

@@ -60,7 +60,8 @@ def tensor_messages(work: Workload) -> list[int]:
 
 def _tensor_sharded(work: Workload) -> int:
     """Parameters the plan splits: every weight of a pair, and the column-parallel layer's bias
-    (the row-parallel layer's bias is added once, after the all-reduce, and stays whole)."""
+    (the row-parallel layer's bias stays whole: DTensor adds a 1/N share of it on each worker
+    before the all-reduce, Megatron-LM all of it after)."""
     hidden = len(work.layers) - 1
     return sum(a * b + (b if i % 2 == 0 else 0)
                for i, (a, b) in enumerate(work.layers[: hidden - hidden % 2]))  # fmt: skip
