@@ -140,29 +140,37 @@ def _worker(rank: int, address: str, port: int, sizes: list[int], repeats: int) 
         dist.destroy_process_group()
 
 
+def run_pair(
+    module: str, args: list[str], timeout: float, what: str, rate_bits: float | None = None
+) -> list[subprocess.CompletedProcess]:
+    """Run ``python -m module --worker RANK ADDRESS PORT *args`` in each namespace of a fresh veth
+    pair, one worker (1 thread) in each, and return both finished processes. Past ``timeout``
+    seconds, or on any error, both workers are stopped before the namespaces go; ``what`` names
+    the work in the error."""
+    with veth_pair(rate_bits) as pair:
+        port = "29400"  # a fresh namespace: nothing else listens there
+        commands = [[*prefix, sys.executable, "-m", module, "--worker", str(rank),
+                     pair.addresses[0], port, *args]
+                    for rank, prefix in enumerate(pair.prefixes)]  # fmt: skip
+        try:
+            done = run_together(commands, timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        except TimeoutError:
+            raise RuntimeError(
+                f"{what} did not finish within {timeout:g} s; both workers stopped"
+            ) from None
+    if any(d.returncode for d in done):
+        last = [d.stderr.strip().splitlines()[-1:] for d in done]  # c10d's warnings before it
+        raise RuntimeError(f"a worker failed (exit codes {[d.returncode for d in done]}): {last}")
+    return done
+
+
 def measure(
     rate_bits: float | None, sizes: list[int], repeats: int = 7, timeout: float = 300
 ) -> list[dict]:
     """All-reduce times between the two namespaces, one worker (1 thread) in each. Past
     ``timeout`` seconds, or on any error, both workers are killed before the namespaces go."""
-    with veth_pair(rate_bits) as pair:
-        port = 29400  # a fresh namespace: nothing else listens there
-        worker = [sys.executable, "-m", "helpers.dist.netns", "--worker"]
-        commands = [
-            [*prefix, *worker, str(rank), pair.addresses[0], str(port), str(repeats)]
-            + [str(s) for s in sizes]
-            for rank, prefix in enumerate(pair.prefixes)
-        ]
-        try:
-            done = run_together(commands, timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        except TimeoutError:
-            raise RuntimeError(
-                f"the all-reduce across the veth pair did not finish within {timeout:g} s; "
-                "both workers stopped"
-            ) from None
-    if any(d.returncode for d in done):
-        last = [d.stderr.strip().splitlines()[-1:] for d in done]  # c10d's warnings before it
-        raise RuntimeError(f"a worker failed (exit codes {[d.returncode for d in done]}): {last}")
+    done = run_pair("helpers.dist.netns", [str(repeats), *map(str, sizes)], timeout,
+                    "the all-reduce across the veth pair", rate_bits)  # fmt: skip
     return json.loads(done[0].stdout)
 
 

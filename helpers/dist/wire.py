@@ -19,8 +19,7 @@ import os
 import sys
 from datetime import timedelta
 
-from helpers.dist.netns import INTERFACE, veth_pair
-from helpers.dist.processes import run_together
+from helpers.dist.netns import INTERFACE, run_pair
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
@@ -69,18 +68,8 @@ def bytes_sent(message_bytes: int = 16_000_000, repeats: int = 3, timeout: float
     2 workers sent in any of ``repeats`` calls, TCP/IP headers included (a few percent)."""
     if message_bytes < 8 or message_bytes % 8:
         raise ValueError(f"the message must be a positive multiple of 8 bytes, got {message_bytes}")
-    with veth_pair() as pair:
-        worker = [sys.executable, "-m", "helpers.dist.wire", "--worker"]
-        commands = [[*prefix, *worker, str(rank), pair.addresses[0], "29400", str(message_bytes),
-                     str(repeats)] for rank, prefix in enumerate(pair.prefixes)]  # fmt: skip
-        try:
-            done = run_together(commands, timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        except TimeoutError:
-            raise RuntimeError(f"the collectives did not finish within {timeout:g} s; "
-                               "both workers stopped") from None  # fmt: skip
-    if any(d.returncode for d in done):
-        last = [d.stderr.strip().splitlines()[-1:] for d in done]
-        raise RuntimeError(f"a worker failed (exit codes {[d.returncode for d in done]}): {last}")
+    done = run_pair("helpers.dist.wire", [str(message_bytes), str(repeats)], timeout,
+                    "the collectives")  # fmt: skip
     reports = [json.loads(d.stdout.strip().splitlines()[-1]) for d in done]
     return {name: min(min(r["sent"][name]) for r in reports) for name in COLLECTIVES}
 
