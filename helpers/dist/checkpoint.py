@@ -43,6 +43,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from helpers.data.files import atomic_write, remove_stale
+from helpers.dist.collectives import mean_over_ranks
 
 LATEST = "LATEST"
 RUN_FILE = "run.json"  # what run the checkpoints belong to, to refuse resuming another one
@@ -96,16 +97,6 @@ def _barrier() -> None:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _mean_over_ranks(losses: torch.Tensor) -> torch.Tensor:
-    """The ranks' local losses averaged (equal slices: the global batch's loss), the same on every
-    rank, so that saving them as one replicated tensor loses nothing."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return losses
-    mean = losses.clone()
-    dist.all_reduce(mean)
-    return mean.div_(dist.get_world_size())
 
 
 def step_name(step: int) -> str:
@@ -280,7 +271,8 @@ class Checkpointer:
             _kill()
         if step % self.spec.every == 0 or step == total_steps:
             epoch, within = divmod(step, steps_per_epoch)
-            state = self._state(model, optimizer, _mean_over_ranks(losses), epoch, within, step)
+            # the same on every rank, so that saving them as one replicated tensor loses nothing
+            state = self._state(model, optimizer, mean_over_ranks(losses), epoch, within, step)
             self.save(state, step, kill_before_rename=drill)
 
     def save(self, state: dict, step: int, kill_before_rename: bool = False) -> Path:

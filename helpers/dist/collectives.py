@@ -153,6 +153,17 @@ def ring_allreduce(tensor: torch.Tensor, rank: int, world_size: int) -> torch.Te
     return tensor
 
 
+def mean_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """The ranks' ``values`` averaged, the same on every rank (a new tensor; ``values`` itself
+    when there is no group or one rank). With equal local batches the mean of the ranks' losses
+    is the global batch's loss: the one number a 1-worker run of the same batch would record."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return values
+    mean = values.clone()
+    dist.all_reduce(mean)
+    return mean.div_(dist.get_world_size())
+
+
 def rank_data(rank: int, n: int, seed: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """The random vector rank ``rank`` contributes in ``compare_ring_with_allreduce``: standard
     normal values (or integers in [-1000, 1000) for integer dtypes), from ``seed + rank``, so the

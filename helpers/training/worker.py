@@ -13,6 +13,7 @@ from torch import nn
 
 from helpers.data import HARData, load_har
 from helpers.dist.checkpoint import Checkpointer, CheckpointSpec
+from helpers.dist.collectives import mean_over_ranks
 from helpers.training.config import TrainConfig, run_identity, total_steps, validate
 from helpers.training.loop import train_steps
 from helpers.training.metrics import (
@@ -112,8 +113,7 @@ def _train_one(
     probed = probe.finish(model, loop.optimizer) if probe is not None else None
 
     if config.record_loss and config.sync != "none":
-        dist.all_reduce(losses)  # equal slices: the global loss is the mean of the local ones
-        losses /= world_size
+        losses = mean_over_ranks(losses)  # equal slices: the global batch's loss
     net = unwrapped(model, config).cpu()
     return _report(
         net,
