@@ -172,6 +172,7 @@ def test_autocast_halves_the_saved_activations_and_keeps_weight_copies():
     assert saved[True] == (saved[False][0] // 2, (1024 * 1024 + 6 * 1024) * 2)
 
 
+@pytest.mark.slow
 def test_fsdp2_mixed_precision_runs_on_gloo_and_halves_the_gathers():
     report = launch(fsdp_mp_worker, 2, SPEC)[0]
     assert {name: r["error"] for name, r in report.items()} == dict.fromkeys(report)
@@ -209,6 +210,7 @@ def test_sends_count_once_and_functional_collectives_are_seen():
     assert counter.calls == []
 
 
+@pytest.mark.slow
 def test_a_two_dimensional_mesh_trains_as_one_worker(reference):
     ranks = launch(mesh2d_worker, 4, SPEC)
     for record in ranks:
@@ -216,6 +218,7 @@ def test_a_two_dimensional_mesh_trains_as_one_worker(reference):
         assert record["held"]["parameters"] < 0.26 * GRADIENT_BYTES
 
 
+@pytest.mark.slow
 def test_a_mesh_that_does_not_divide_the_workers_is_refused():
     with pytest.raises(WorkerError, match="do not make a mesh with 2 rows"):
         launch(mesh2d_worker, 3, SPEC)

@@ -7,6 +7,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -142,6 +143,7 @@ def test_what_a_killed_pointer_write_left_is_removed_at_the_next_start(data, tmp
     assert [p for p in leftovers if p.exists()] == []
 
 
+@pytest.mark.slow
 def test_a_rank_that_cannot_see_rank_0s_checkpoint_stops_every_rank(data, tmp_path):
     """Nodes without a shared folder: rank 0's folder holds a checkpoint, rank 1's is empty.
     Rank 1 must not start at step 0 while rank 0 resumes."""
@@ -160,3 +162,12 @@ def test_a_resumed_rank_gets_the_mean_of_every_ranks_losses(tmp_path):
     rank gets rank 0's losses."""
     restored = launch(workers.save_and_restore_losses, 2, str(tmp_path), collective_timeout=30)
     assert restored == [[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]
+
+
+def test_youngs_lost_share_is_smallest_at_the_square_root_interval():
+    from helpers.notebook.recovery_plots import young_lost_share
+
+    intervals = np.geomspace(1, 1e6, 20_001)
+    for save_s, mtbf_s in ((20.0, 86_400.0), (300.0, 3_600.0)):
+        best = intervals[np.argmin(young_lost_share(intervals, save_s, mtbf_s))]
+        assert best == pytest.approx(np.sqrt(2 * save_s * mtbf_s), rel=1e-3)

@@ -47,6 +47,7 @@ def test_ring_allreduce_equals_dist_allreduce(world: int):
                 torch.testing.assert_close(by_ring, exact, rtol=0, atol=1e-13)
 
 
+@pytest.mark.slow
 def test_compare_worker_reports_equality_and_identical_bits():
     two = launch(compare_ring_with_allreduce, 2, 1001, 0, collective_timeout=TIMEOUT)
     assert all(r["equal"] and r["max_abs_diff"] == 0.0 and r["n_different"] == 0 for r in two)
@@ -121,6 +122,7 @@ def test_fit_refuses_what_it_cannot_fit():
         fit_alpha_beta([4096, 8192], [1e-4, 2e-4, 3e-4])
 
 
+@pytest.mark.slow
 def test_measure_allreduce_times_each_size_for_the_world_sizes_that_fit():
     table = measure_allreduce(world_sizes=[2, 64], sizes=[4096, 65_537], repeats=3, warmup=1)
     assert list(table.columns) == ["world", "bytes", "seconds", "seconds_p25", "seconds_p75"]

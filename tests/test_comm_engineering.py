@@ -76,6 +76,7 @@ def test_gloo_refuses_bf16_and_powersgd_on_several_buckets_with_what_to_do():
         validate(TrainConfig(global_batch=256, accumulation_steps=3), 2, 7000)
 
 
+@pytest.mark.slow
 def test_accumulation_and_powersgd_on_one_bucket_train_with_identical_replicas():
     """The fix for PowerSGD on Gloo, one bucket, trains (on 2 workers, replicas identical), and
     really compresses; accumulating 4 micro-batches, with no_sync() or without, is the training
@@ -113,6 +114,7 @@ def test_pipeline_hides_what_backward_covers():
     assert with_overlap < one_bucket < no  # one bucket: no overlap, but one latency fewer
 
 
+@pytest.mark.slow
 def test_max_steps_stops_mid_epoch_without_evaluating_a_partial_epoch():
     one_step_epochs = TrainConfig(global_batch=4096, epochs=5, max_steps=3, data="standin")
     run = train_in_process(replace(one_step_epochs, record_accuracy=True, record_loss=True), 1)
@@ -122,6 +124,7 @@ def test_max_steps_stops_mid_epoch_without_evaluating_a_partial_epoch():
     assert run.steps == 2 and run.epoch_accuracies == []
 
 
+@pytest.mark.slow
 def test_fp16_hook_equals_the_plain_all_reduce_to_fp16_rounding():
     """2 Gloo workers, the same model, each its own data: the fp16 hook's averaged gradient is
     DDP's plain one to within fp16's rounding, and not bitwise (it really rounds)."""

@@ -162,18 +162,22 @@ def test_the_quick_start_names_the_instructors_guide():
     assert "COURSE.md" in quick_start and (ROOT / "COURSE.md").is_file()
 
 
-def test_make_test_checks_03_on_the_other_processor_and_the_full_pass_all_that_train():
-    """What ``make -n`` runs, against independent sources: the README's word on which notebook
-    ``make test`` checks a second time, and the notebooks that train, read from their code
-    (those that load the HAR data)."""
+def test_ci_runs_the_second_pass_on_the_notebooks_the_readme_names_and_the_slow_tests():
+    """What CI runs against independent sources: the README's word on which notebooks CI checks a
+    second time (and that it runs the slow tests), and, for the full second pass, the notebooks
+    that train, read from their code (those that load the HAR data)."""
 
     def second_pass(target: str) -> list[str]:
         [line] = [ln for ln in make("-n", target).splitlines() if "MKL_CBWR=" in ln]
         return sorted(Path(w).name for w in shlex.split(line) if w.endswith(".ipynb"))
 
     readme = " ".join(ROOT.joinpath("README.md").read_text().split())
-    said = re.findall(r"checks notebook (\d\d) a second time on a simulated other", readme)
-    assert said and [n[:2] for n in second_pass("test")] == said
+    [said] = re.findall(r"CI runs it on (.*?), whose asserts", readme)
+    ci = (ROOT / ".ci" / "run").read_text()
+    ci_lines = [ln for ln in ci.splitlines() if ln.startswith("make ")]
+    [other] = [ln for ln in ci_lines if ln.startswith("make test-other-processor")]
+    assert re.findall(r"notebooks/(\d\d)_", other) == re.findall(r"\b(\d\d)\b", said) != []
+    assert "make test-slow" in ci_lines and "`make test-slow`" in readme
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     training = [p.name for p in notebooks if "from helpers.data import" in p.read_text()]
     assert training, "no notebook loads the data: this check would prove nothing"

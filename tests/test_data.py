@@ -254,6 +254,7 @@ def test_banner_names_har_for_the_default_root(tmp_path, monkeypatch):
     assert load_har("uci", root, spec=TINY).banner == "data: UCI HAR (verified, har/)"
 
 
+@pytest.mark.slow
 def test_full_size_archive_meets_the_real_spec(tmp_path, full_archive, standin, monkeypatch):
     root = tmp_path / "har"
     download_har(root, url=full_archive.as_uri(), progress=False)  # the real HARSpec
@@ -630,6 +631,7 @@ print(load_har({source!r}, {root!r}, spec=test_data.TINY).source)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["uci", "auto"])
 def test_a_second_process_waits_for_the_first_ones_download(tmp_path, source):
     root, signal = tmp_path / "har", tmp_path / "signal"
@@ -1032,6 +1034,7 @@ except HARDataError as err:
 """
 
 
+@pytest.mark.slow
 def test_auto_on_a_read_only_root_falls_back_with_one_notice(tmp_path, monkeypatch):
     """A data folder shared read-only (COURSE.md's advice for a JupyterHub): UCI HAR cannot be
     downloaded into it, which is one more reason to fall back, not a PermissionError traceback."""

@@ -139,6 +139,7 @@ def test_loader_processes_count_as_busy_cores_and_oversubscribing_is_refused_or_
     assert pl.check_cores(one_loader, 2, cores=2, oversubscribe=True) is True
 
 
+@pytest.mark.slow
 @needs_recordings
 def test_ddp_workers_compute_their_own_slices_and_keep_identical_replicas(train_windows):
     runs = [
@@ -172,6 +173,7 @@ def test_the_single_device_uses_one_worker_and_every_core(monkeypatch):
     assert ceiling_plan(cores=1) is None
 
 
+@pytest.mark.slow
 def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     monkeypatch.setenv("DDP_COURSE_CORES", "2")
     table = baseline_runs([2048], min_steps=1, data="standin")

@@ -74,6 +74,7 @@ def verdict(scripts, name, one_process, tmp_path) -> dict[str, bool]:
     return grade(run, N_TRAIN, GLOBAL_BATCH, EPOCHS, one_process, one_process, atol=ATOL)
 
 
+@pytest.mark.slow
 def test_the_grader_passes_a_correct_ddp_script(scripts, one_process, tmp_path):
     assert verdict(scripts, "ddp_har", one_process, tmp_path) == {
         "one writer": True,
@@ -86,12 +87,14 @@ def test_the_grader_passes_a_correct_ddp_script(scripts, one_process, tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_the_grader_fails_a_script_without_set_epoch(scripts, one_process, tmp_path):
     failed = {k for k, ok in verdict(scripts, "forgotten set_epoch", one_process, tmp_path).items()
               if not ok}  # fmt: skip
     assert failed == {"new order each epoch", "reference's batches", "= 1 process", "= reference"}
 
 
+@pytest.mark.slow
 def test_the_grader_fails_a_script_without_ddp(scripts, one_process, tmp_path):
     """Step 2 splits the data right, and its workers never average: rank 0's weights are its own
     model's, not the one-process training's."""
@@ -100,6 +103,7 @@ def test_the_grader_fails_a_script_without_ddp(scripts, one_process, tmp_path):
     assert failed == {"= 1 process", "= reference"}
 
 
+@pytest.mark.slow
 def test_a_failing_rank_is_reported_in_one_line(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text(
@@ -113,6 +117,7 @@ def test_a_failing_rank_is_reported_in_one_line(tmp_path):
         run_script(script, [], tmp_path / "run", world=2, timeout=120).check()
 
 
+@pytest.mark.slow
 def test_a_run_past_its_timeout_leaves_no_worker_behind(tmp_path):
     """torchrun is told to stop (SIGTERM), and stops its workers before run_script raises."""
     script = tmp_path / "hangs.py"

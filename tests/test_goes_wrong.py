@@ -93,6 +93,7 @@ def test_find_straggler_wants_the_longest_before_and_the_shortest_inside():
         straggler.find_straggler(summary)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slow_rank", [0])  # the notebook finds rank 1
 def test_a_delayed_rank_is_found_and_the_other_waits_for_it(slow_rank: int):
     delay = 0.25
@@ -106,6 +107,7 @@ def test_a_delayed_rank_is_found_and_the_other_waits_for_it(slow_rank: int):
 # --------------------------------------------------------------------------- hangs
 
 
+@pytest.mark.slow
 def test_a_skipped_collective_times_out_and_leaves_nothing_behind(tmp_path: Path):
     """Also: notebook 11 says PyTorch's flight-recorder analyser stops on Gloo's dumps in 2.13;
     when it reads them, compare with it there instead of with first_divergence."""
@@ -124,6 +126,7 @@ def test_a_skipped_collective_times_out_and_leaves_nothing_behind(tmp_path: Path
         fr_trace([str(tmp_path), "--prefix", "fr_"])
 
 
+@pytest.mark.slow
 def test_an_order_mismatch_hangs_without_detail_and_is_named_with_it(tmp_path: Path):
     plain = hangs.run_hang("order", tmp_path / "plain", collective_timeout=TIMEOUT)
     assert "Timed out" in plain.error
@@ -133,6 +136,7 @@ def test_an_order_mismatch_hangs_without_detail_and_is_named_with_it(tmp_path: P
     assert "OpType=BROADCAST" in detail.error and "OpType=ALLREDUCE" in detail.error
 
 
+@pytest.mark.slow
 def test_monitored_barrier_names_the_absent_rank(tmp_path: Path):
     hang = hangs.run_hang("monitored", tmp_path, collective_timeout=TIMEOUT)
     assert "Ranks 1 failed to pass monitoredBarrier" in hang.error
@@ -150,6 +154,7 @@ def test_first_divergence_reads_flight_records():
         hangs.first_divergence(table({0: ["a"], 1: ["a"]}))
 
 
+@pytest.mark.slow
 def test_detail_still_crashes_ddp_on_gloo():
     """Notebook 11 says TORCH_DISTRIBUTED_DEBUG=DETAIL makes DDP's constructor crash (SIGSEGV)
     in torch 2.13: when this fails, a release fixed it, and the notebook should say so."""
@@ -163,6 +168,7 @@ def test_default_timeouts_are_read_from_torch():
     assert timeouts["gloo (and every backend but NCCL)"] == "0:30:00"
 
 
+@pytest.mark.slow
 def test_a_hang_under_torchrun_is_stopped_and_nothing_of_it_survives():
     """torchrun's workers run in sessions of their own: whatever stops the job must stop them
     too. The job's processes are found by a tag in their environment."""
@@ -176,6 +182,7 @@ def test_a_hang_under_torchrun_is_stopped_and_nothing_of_it_survives():
 # --------------------------------------------------------------------------- DDP
 
 
+@pytest.mark.slow
 def test_unused_parameters_join_and_uneven_inputs():
     result = launch(ddp_pitfalls.pitfalls_worker, 2, steps=5, short_by=2)
     aux = 4 * sum(p.numel() for p in ddp_pitfalls.WithAuxHead().aux.parameters())
@@ -213,6 +220,7 @@ def test_the_simulated_processor_is_the_makefiles():
         nondeterminism.OTHER_PROCESSOR)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                     reason="the simulated processor selects x86 kernels")  # fmt: skip
 def test_fresh_processes_reproduce_bit_for_bit_and_the_other_processor_does_not():
@@ -238,6 +246,7 @@ def test_exact_shards_cover_every_sample_once_and_the_sampler_pads(world: int):
         evaluation.shard("by_volunteer", n, 0, world)
 
 
+@pytest.mark.slow
 def test_summed_counts_reproduce_one_process_and_padding_does_not():
     torch.manual_seed(0)
     result = launch(evaluation.evaluation_worker, 3, make_mlp().state_dict(), "recordings")
@@ -266,6 +275,7 @@ def test_cost_is_time_times_cores_times_price():
     assert cost.Setup(2, 1).name == "2 workers x 1 thread" and cost.Setup(1, 2).cores == 2
 
 
+@pytest.mark.slow
 def test_epochs_to_target_stops_at_the_target_or_gives_inf():
     reached = cost.epochs_to_target(1024, target=0.0, max_epochs=3, data="recordings")
     assert reached["epochs"] == 1 and len(reached["accuracies"]) == 1

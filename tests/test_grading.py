@@ -96,6 +96,7 @@ def test_failures_are_the_students_or_the_environments(role, ename, evalue, envi
     assert is_environment(role, ename, evalue) is environment
 
 
+@pytest.mark.slow
 def test_a_class_of_three_gets_the_points_its_answers_earn(tmp_path: Path, monkeypatch):
     """One correct submission, one with exercise 1 wrong, one broken file: 4, 2 and 0 of 4."""
     monkeypatch.setenv("HAR_DATA", "standin")

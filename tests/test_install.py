@@ -117,6 +117,7 @@ result = {
 """
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_every_subpackage_and_loads_data_without_the_checkout(
     installed, tmp_path
 ):

@@ -42,11 +42,13 @@ def test_results_come_back_in_rank_order_with_the_collective_done():
     assert mp.active_children() == []
 
 
+@pytest.mark.slow
 def test_tensors_returned_by_workers_survive_their_exit():
     results = launch(workers.return_tensor, 2)
     assert [float(t.sum()) for t in results] == [0.0, 1000.0]
 
 
+@pytest.mark.slow
 def test_an_error_in_one_rank_surfaces_with_its_message_and_traceback():
     with pytest.raises(WorkerError) as info:
         launch(workers.fail_on_rank, 2, 1, collective_timeout=30)
@@ -59,6 +61,7 @@ def test_an_error_in_one_rank_surfaces_with_its_message_and_traceback():
     assert mp.active_children() == []
 
 
+@pytest.mark.slow
 def test_a_collective_that_never_completes_times_out_clearly(tmp_path):
     marker = tmp_path / "rank1"
     with pytest.raises(WorkerError, match="did not complete within 2 s"):
@@ -68,6 +71,7 @@ def test_a_collective_that_never_completes_times_out_clearly(tmp_path):
     assert not pid_alive(pid) and mp.active_children() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["abort", "raise"])
 def test_a_workers_own_error_is_reported_before_the_teardown(how):
     """Reported first: a teardown that aborts or raises must not hide the error."""
@@ -77,12 +81,14 @@ def test_a_workers_own_error_is_reported_before_the_teardown(how):
     assert mp.active_children() == []
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_silently_is_named():
     with pytest.raises(WorkerError, match=r"rank 1 of 2 died \(exit code 3\)"):
         launch(workers.die_hard, 2, collective_timeout=30)
     assert mp.active_children() == []
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_gets_told_how_to_fix_it(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(
@@ -98,6 +104,7 @@ def test_a_script_without_a_main_guard_gets_told_how_to_fix_it(tmp_path):
     assert 'must do so under `if __name__ == "__main__":`' in out.stderr
 
 
+@pytest.mark.slow
 def test_runs_while_the_default_ports_are_taken():
     held = []
     for port in (29500, 29511):
@@ -195,6 +202,7 @@ def wait_until_dead(pids: list[int]) -> list[int]:
     return [pid for pid in pids if pid_alive(pid)]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_worker(tmp_path: Path, start_launcher):
     proc = start_launcher()
     pids = wait_for_pids(tmp_path, proc)
@@ -204,6 +212,7 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path, start_launcher):
     assert wait_until_dead(pids) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_a_terminal_reaches_the_whole_process_group(tmp_path: Path, start_launcher):
     """A terminal sends SIGINT to every process of the foreground group, workers included:
     they must leave the clean-up to the launcher, without a traceback each."""
@@ -216,6 +225,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_whole_process_group(tmp_path: Path, st
     assert wait_until_dead(pids) == []
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_during_clean_up_kills_the_workers_at_once(tmp_path: Path, start_launcher):
     """The workers shrug off SIGTERM and the grace period before SIGKILL is 1000 s: only the
     second Ctrl-C can end the clean-up within the 60 s this test waits."""
@@ -232,6 +242,7 @@ def test_a_second_ctrl_c_during_clean_up_kills_the_workers_at_once(tmp_path: Pat
     assert wait_until_dead(pids) == []
 
 
+@pytest.mark.slow
 def test_workers_exit_when_their_parent_is_killed(tmp_path: Path, start_launcher):
     """SIGKILL leaves the launcher no chance to clean up: the orphan watchdog must."""
     proc = start_launcher()
@@ -254,6 +265,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     workers.WRITE_SYSCALL is None or not os.path.exists(f"/proc/self/task/{os.getpid()}/syscall"),
     reason="needs /proc/PID/task/TID/syscall on x86_64 or aarch64 Linux",
@@ -274,12 +286,14 @@ def test_a_worker_that_dies_half_way_through_sending_its_result_is_named():
     assert "of its 200,000,1" in done.stdout  # the pickled array's length, with its header
 
 
+@pytest.mark.slow
 def test_the_whole_run_timeout_stops_every_worker(tmp_path: Path):
     with pytest.raises(WorkerError, match=r"the 2 workers did not finish within 3 s; all stopped"):
         launch(workers.sleep_and_report_pid, 2, str(tmp_path), 120.0, timeout=3)
     assert mp.active_children() == []  # stopped, whether they had started sleeping or not
 
 
+@pytest.mark.slow
 def test_return_values_that_cannot_be_pickled_are_one_clear_error():
     with pytest.raises(WorkerError) as info:
         launch(workers.return_unpicklable, 2)
@@ -290,6 +304,7 @@ def test_return_values_that_cannot_be_pickled_are_one_clear_error():
     assert mp.active_children() == []
 
 
+@pytest.mark.slow
 def test_several_workers_failing_at_once_are_all_reported():
     with pytest.raises(WorkerError) as info:
         launch(workers.fail_everywhere, 3, collective_timeout=30)

@@ -31,6 +31,7 @@ def test_the_all_reduce_is_timed_across_the_pair(namespaces):
     assert all(r["seconds"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_a_measurement_past_its_timeout_leaves_no_worker_behind(namespaces):
     size = str(4_000_000 + os.getpid() % 100_000)  # a size only this test asks for: its mark
     with pytest.raises(RuntimeError, match="did not finish within 5 s; both workers stopped"):

@@ -20,6 +20,7 @@ def test_more_cores_than_the_machine_has_are_refused_with_what_to_do(capsys):
     assert f"on a machine with at least {too_many}" in error
 
 
+@pytest.mark.slow
 def test_a_notebook_is_timed_in_a_copy_with_the_cores_it_plans_for(tmp_path: Path):
     path = tmp_path / "00_tiny.ipynb"
     cells = [nbformat.v4.new_code_cell("import os\nassert os.environ['DDP_COURSE_CORES'] == '1'")]
@@ -42,6 +43,7 @@ def test_no_cores_is_refused(cores: int):
         timings.check_cores(cores)
 
 
+@pytest.mark.slow
 def test_peak_memory_is_summed_over_the_kernel_and_the_processes_it_starts(tmp_path: Path):
     """A notebook whose cell starts a child holding 200 MB: the peak counts the child's too."""
     if not Path("/proc/self/smaps_rollup").exists():

@@ -1,4 +1,4 @@
-"""`make test` checks the notebooks twice: natively, and under a simulated other processor.
+"""`make test-other-processor` checks the notebooks again, on a simulated other processor.
 
 The second pass is only worth its minutes if the simulation really changes the float rounding
 of a training. This test trains the same short run in two fresh processes, natively and with the
@@ -56,6 +56,7 @@ def test_makefile_runs_a_second_notebook_pass_under_the_other_processor():
     assert re.search(r"\$\(OTHER_PROCESSOR\)[^\n]*pytest[^\n]*\$\(NBVAL\)", text)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     platform.machine().lower() not in ("x86_64", "amd64"),
     reason="the simulated processor selects x86 kernels (ATen's CPU capability, MKL's code path)",

@@ -31,6 +31,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc: Linux only")
 def test_workers_of_a_torchrun_past_its_deadline_are_stopped(tmp_path: Path):
     script = tmp_path / "hangs.py"

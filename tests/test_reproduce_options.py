@@ -70,6 +70,7 @@ def test_lr_and_seed_reach_the_training_and_the_rerun_line(monkeypatch, capsys):
     assert f"rerun: python -m helpers.reproduce {shlex.join(argv)} --seed 3 --data standin" in out
 
 
+@pytest.mark.slow
 def test_the_printed_command_reruns_the_result():
     """End to end, one worker, 3 steps: the printed command gives the same weights again."""
 
@@ -105,6 +106,7 @@ def test_the_processes_tests_start_load_named_data_outside_the_repository():
     assert not Path(root).resolve().is_relative_to(Path(__file__).resolve().parents[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["helpers.reproduce", "helpers.train"])
 def test_a_bad_core_cap_is_one_line_in_both_command_lines(entry, tmp_path):
     done = subprocess.run(
@@ -120,6 +122,7 @@ def test_a_bad_core_cap_is_one_line_in_both_command_lines(entry, tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["helpers.reproduce", "helpers.train"])
 def test_help_is_plain_text_that_says_what_runs(entry):
     done = subprocess.run(

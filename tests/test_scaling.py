@@ -176,6 +176,7 @@ def test_sweep_needs_the_one_worker_baseline():
         sweep([256], world_sizes=[2], data="standin")
 
 
+@pytest.mark.slow
 def test_a_tiny_real_sweep_returns_a_well_formed_table():
     table = sweep([2048, 4096], world_sizes=[1, 2, 4], min_steps=1, threads=1, data="standin")
     runs = 2 if available_cores() < 4 else 3

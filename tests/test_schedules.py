@@ -84,6 +84,7 @@ def test_a_warmup_trains_the_same_on_any_world_size(warm_runs):
     assert two.replicas_identical
 
 
+@pytest.mark.slow
 def test_the_loss_curve_does_see_the_schedule(warm_runs):
     one, _ = warm_runs
     without = run_training(1, TrainConfig(**{**WARM.__dict__, "schedule": Constant()}))

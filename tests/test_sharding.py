@@ -85,6 +85,7 @@ def test_fsdp2_sends_one_and_a_half_times_ddps_bytes(ddp_run, fsdp_run):
     assert sent["fsdp"] / sent["ddp"] == pytest.approx(1.5, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_loads_bit_for_bit_on_one_worker(fsdp_run):
     fsdp, path = fsdp_run
     assert (path / ".metadata").exists()
@@ -94,6 +95,7 @@ def test_a_sharded_checkpoint_loads_bit_for_bit_on_one_worker(fsdp_run):
     assert loaded["held"]["parameters"] == PARAM_BYTES  # whole again, on one worker
 
 
+@pytest.mark.slow
 def test_the_budget_stops_ddp_at_its_first_step_in_one_line():
     # one DDP worker holds what each of any number of DDP workers holds
     with pytest.raises(WorkerError) as caught:

@@ -43,6 +43,7 @@ def in_notebook():
     return run_training(2, TrainConfig(global_batch=2048, epochs=2, data="recordings"))
 
 
+@pytest.mark.slow
 def test_torchrun_ends_with_the_notebook_launchers_weights(in_notebook):
     done = run_torchrun(ARGS, nproc_per_node=2)
     assert done.returncodes == [0], done.stderr[0]
@@ -54,6 +55,7 @@ def test_torchrun_ends_with_the_notebook_launchers_weights(in_notebook):
     assert "rerun: " in done.stdout and "torchrun --standalone --nproc-per-node 2 -m" in done.stdout
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine_do_the_same_training(in_notebook):
     done = run_torchrun(ARGS, nproc_per_node=1, nnodes=2)
     assert done.returncodes == [0, 0], done.stderr
@@ -61,6 +63,7 @@ def test_two_nodes_on_one_machine_do_the_same_training(in_notebook):
     assert sorted(r["GROUP_RANK"] for r in done.run["ranks"]) == ["0", "1"]
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_restarted_and_resumes_from_the_last_checkpoint(in_notebook, tmp_path):
     checkpoints = ["--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2"]
     # a second restart in reserve, as notebook 10 keeps: a restart can fail on its own (seen once
@@ -142,6 +145,7 @@ def test_a_tcpstore_listens_on_every_interface_whatever_its_host():
         del store, ours
 
 
+@pytest.mark.slow
 def test_two_nodes_in_two_network_namespaces_joined_by_a_veth_pair(namespaces, in_notebook):
     from helpers.dist.netns import veth_pair
 
@@ -218,6 +222,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")
 def test_nothing_a_torchrun_run_opens_listens_beyond_loopback(in_notebook):
     """While two nodes train: the agents and workers (this process's descendants), and the
@@ -257,6 +262,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_a_timeout_kills_what_a_node_started_even_after_the_node_has_exited(tmp_path):
     """Node 0 (a stand-in for torchrun) leaves a child running and exits; node 1 hangs. The
     timeout must stop both, and node 0's child with them."""
@@ -274,6 +280,7 @@ def test_a_timeout_kills_what_a_node_started_even_after_the_node_has_exited(tmp_
     assert not pid_alive(pid), "node 0's child outlived the run"
 
 
+@pytest.mark.slow
 def test_the_timeout_bounds_the_whole_run_not_each_node(tmp_path):
     """Node 0 ends after 6 s, node 1 would end after 13 s: a 10 s timeout stops node 1, which
     per-node timeouts (6 s, then 10 s more for node 1) would let finish."""

@@ -86,18 +86,21 @@ def test_ddp_keeps_replicas_bit_identical(two_workers):
     assert np.array_equal(two_workers.weights[0], two_workers.weights[1])
 
 
+@pytest.mark.slow
 def test_without_communication_replicas_drift_apart():
     run = run_training(2, TrainConfig(global_batch=512, epochs=1, data="standin", sync="none"))
     assert not run.replicas_identical
     assert run.checksums[0] != run.checksums[1]
 
 
+@pytest.mark.slow
 def test_ddp_broadcast_repairs_different_seeds_but_hand_averaging_does_not():
     seeds = dict(global_batch=512, epochs=1, data="standin", seed_per_rank=True)
     assert run_training(2, TrainConfig(**seeds, sync="ddp")).replicas_identical
     assert not run_training(2, TrainConfig(**seeds, sync="allreduce")).replicas_identical
 
 
+@pytest.mark.slow
 def test_three_workers_train_like_one_oversubscribed_or_not():
     """An odd world size, where the cores allow it, else run anyway and flagged."""
     plan = plan_world_sizes([3], threads_per_worker=1)[0]
@@ -115,6 +118,7 @@ def test_three_workers_train_like_one_oversubscribed_or_not():
     assert abs(three.accuracy - alone.accuracy) < 2 / 2947
 
 
+@pytest.mark.slow
 def test_in_process_training_matches_the_workers_and_records_accuracy():
     """Notebook 06 trains in process on the grounds that it does what the workers do; and the
     per-epoch accuracy recorded inside the workers is the accuracy of the model at that point."""
@@ -151,6 +155,7 @@ def test_configurations_that_cannot_split_are_refused(world, batch, message):
         validate(TrainConfig(global_batch=batch), world, 7352)
 
 
+@pytest.mark.slow
 def test_run_training_takes_a_world_plan(one_worker):
     plan = plan_world_sizes([1], threads_per_worker=1)[0]
     run = run_training(plan, SHORT)
@@ -195,6 +200,7 @@ def reproduce(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -220,6 +226,7 @@ def test_reproduce_refuses_bad_values_in_one_line(args, words, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
 
 
+@pytest.mark.slow
 def test_reproduce_says_which_worker_failed_and_exits_1(monkeypatch, capsys):
     def failing_run(*args, **kwargs):
         return launch(workers.fail_on_rank, 2, 1, collective_timeout=30)  # real workers
@@ -239,6 +246,7 @@ def test_reproduce_interrupted_exits_130(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted: all workers stopped"
 
 
+@pytest.mark.slow
 def test_reproduce_writes_one_record_per_run(tmp_path):
     out = tmp_path / "runs.json"
     done = reproduce(
@@ -297,6 +305,7 @@ def network_attempts(monkeypatch):
     proxy.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["run_training", "sweep"])
 def test_the_default_data_is_what_har_data_says(entry, monkeypatch, tmp_path, network_attempts):
     """TrainConfig's default must mean $HAR_DATA (else auto), in the caller and the workers:
