@@ -152,6 +152,13 @@ if __name__ == "__main__":
 """
 
 
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C's default action restored in the child: a shell that starts a job in the background
+    (`make test &`, `nohup`) leaves SIGINT ignored, the child would inherit that, and Python only
+    turns SIGINT into KeyboardInterrupt where it is not ignored at start-up."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def start_launcher(tmp_path: Path):
     """Start a script that launches 2 workers running ``fn`` (which sleep), as a terminal
@@ -167,6 +174,7 @@ def start_launcher(tmp_path: Path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_as_a_terminal_starts_it,
             **popen,
         )
         started.append(proc)
