@@ -1,0 +1,182 @@
+"""Training to a loss target: how many steps, and how many samples, each global batch needs at
+a given learning rate to bring the training loss down to a target (the measurement of Shallue et
+al. 2019, *Measuring the Effects of Data Parallelism on Neural Network Training*, JMLR 20(112)).
+
+A run stops as soon as it reaches the target. The training loss is evaluated on a fixed subset of
+the training set (the same samples for every run) at checkpoints that grow by about 10% each:
+the step count is known to that resolution at every batch, and the evaluations cost little.
+One process trains: N workers at global batch B take the same steps (notebooks 03 and 04).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from helpers.data import HARData
+from helpers.training import TrainConfig, lr_at, sgd_step, steps_per_epoch, torch_threads
+from helpers.training.model import make_mlp
+from helpers.training.order import worker_order
+from helpers.training.schedules import Constant, Schedule, WarmupSteps
+
+EVAL_SAMPLES = 1024  # the fixed subset the training loss is evaluated on
+
+
+def reordered(data: HARData, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training set, its rows permuted by ``seed`` (seed 0: as stored). The loop's epoch
+    order is seeded by the epoch alone, so permuting the rows gives every seed its own data
+    order as well as its own initial weights."""
+    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
+    if seed == 0:
+        return X, y
+    perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(10_000 + seed))
+    return X[perm], y[perm]
+
+
+def checkpoints(max_steps: int, growth: float = 1.1) -> list[int]:
+    """The steps after which the loss is evaluated: 1, 2, 3, ... then about ``growth`` times
+    the previous one, up to and including ``max_steps``."""
+    if max_steps < 1 or growth <= 1:
+        raise ValueError(f"need max_steps >= 1 and growth > 1, got {max_steps}, {growth}")
+    steps = [1]
+    while steps[-1] < max_steps:
+        steps.append(min(max_steps, max(steps[-1] + 1, round(steps[-1] * growth))))
+    return steps
+
+
+def diverged(first_loss: float, losses: Sequence[float]) -> bool:
+    """Whether a run failed: a loss that is not finite, or a run that ends above where it
+    started. A spike it recovers from (the catapult of Lewkowycz et al. 2020) does not count."""
+    return not all(math.isfinite(v) for v in losses) or losses[-1] > first_loss
+
+
+@dataclass(frozen=True)
+class TargetRun:
+    """One run to the target: ``steps`` (and ``samples = steps x batch``) taken when it stopped,
+    on reaching the target or on running out of budget."""
+
+    global_batch: int
+    lr: float
+    seed: int
+    warmup_steps: int
+    target: float
+    reached: bool
+    steps: int
+    samples: int
+    first_loss: float  # at initialisation, on the evaluation subset
+    final_loss: float  # when the run stopped
+    diverged: bool
+    seconds: float  # training time in this process, evaluations excluded
+    checkpoints: list[int] = field(repr=False)
+    losses: list[float] = field(repr=False)
+
+
+def eval_subset(data: HARData, samples: int = EVAL_SAMPLES) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed training samples the loss is evaluated on: every ``n // samples``-th one."""
+    X, y = torch.from_numpy(data.X_train), torch.from_numpy(data.y_train)
+    idx = torch.arange(0, len(X), max(1, len(X) // samples))[:samples]
+    return X[idx], y[idx]
+
+
+def train_to_target(
+    data: HARData,
+    global_batch: int,
+    lr: float,
+    seed: int,
+    target: float,
+    max_steps: int,
+    warmup_steps: int = 0,
+    threads: int = 2,
+    after_step: Callable[[int, torch.nn.Module], None] | None = None,
+) -> TargetRun:
+    """Plain SGD on ``global_batch`` samples a step at rate ``lr`` (ramped linearly from 0 over
+    ``warmup_steps``), seed ``seed`` for the initial weights and the data order, until the
+    training loss on the evaluation subset is at most ``target``, or ``max_steps``, or a loss
+    that is not finite. ``after_step(steps_done, model)`` runs before the first step (0) and
+    after every step, off the clock (notebook 06 measures the noise scale there)."""
+    X, y = reordered(data, seed)
+    X_eval, y_eval = eval_subset(data)
+    schedule: Schedule = WarmupSteps(warmup_steps) if warmup_steps > 0 else Constant()
+    config = TrainConfig(global_batch=global_batch, lr=lr, seed=seed, schedule=schedule)
+    per_epoch = steps_per_epoch(len(X), global_batch)
+    if per_epoch < 1:
+        raise ValueError(f"batch {global_batch} is larger than the {len(X)} training samples")
+    marks = checkpoints(max_steps)
+    with torch_threads(threads):
+        torch.manual_seed(seed)
+        model = make_mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+        def loss_now() -> float:
+            with torch.no_grad():
+                return F.cross_entropy(model(X_eval), y_eval).item()
+
+        first, losses, done, seconds, order = loss_now(), [], [], 0.0, None
+        if after_step is not None:
+            after_step(0, model)
+        for step in range(max_steps):
+            epoch, i = divmod(step, per_epoch)
+            if order is None or i == 0:
+                order = worker_order(len(X), epoch, 0)
+            started = time.perf_counter()
+            batch = order[i * global_batch : (i + 1) * global_batch]
+            sgd_step(model, optimizer, X, y, batch, config, lr_at(config, step, per_epoch))
+            seconds += time.perf_counter() - started
+            if after_step is not None:
+                after_step(step + 1, model)
+            if step + 1 == marks[len(done)]:
+                done.append(step + 1)
+                losses.append(loss_now())
+                if losses[-1] <= target or not math.isfinite(losses[-1]):
+                    break
+    reached = losses[-1] <= target
+    return TargetRun(
+        global_batch=global_batch,
+        lr=lr,
+        seed=seed,
+        warmup_steps=warmup_steps,
+        target=target,
+        reached=reached,
+        steps=done[-1],
+        samples=done[-1] * global_batch,
+        first_loss=first,
+        final_loss=losses[-1],
+        diverged=diverged(first, losses),
+        seconds=seconds,
+        checkpoints=done,
+        losses=losses,
+    )
+
+
+def runs_to_target(
+    data: HARData,
+    batches: Sequence[int],
+    lrs: Sequence[float],
+    seeds: Sequence[int],
+    target: float,
+    max_samples: int,
+    slack: float = 2.0,
+    threads: int = 2,
+) -> pd.DataFrame:
+    """Every (batch, rate, seed), each run stopped at the target or at ``max_samples`` samples.
+    Once some runs at a batch have reached the target, a later run there also stops after
+    ``slack`` times the most steps any of them took: a rate that slow cannot be the batch's
+    best, and the runs it would waste are the costliest. One row per run (``TargetRun``)."""
+    if slack <= 1:
+        raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
+    rows = []
+    for batch in batches:
+        cap, reached = max(1, max_samples // batch), []
+        for lr in lrs:
+            for seed in seeds:
+                limit = min(cap, math.ceil(slack * max(reached))) if reached else cap
+                run = train_to_target(data, batch, lr, seed, target, limit, threads=threads)
+                reached += [run.steps] if run.reached else []
+                rows.append(run.__dict__)
+    return pd.DataFrame(rows)
