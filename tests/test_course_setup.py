@@ -17,14 +17,18 @@ ROOT = Path(__file__).parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "notebooks.yml"
 
 
-def make(*args: str) -> str:
-    """`make` in the repository, as a user types it: without what an enclosing `make test` or
-    `.ci/run` passes down (TORCH_INDEX, MAKEFLAGS)."""
+def as_a_user_types_it(argv: list[str]) -> str:
+    """``argv`` in the repository, as a user types it: without what an enclosing `make test` or
+    `.ci/run` passes down (TORCH_INDEX, MAKEFLAGS); its stdout, once it has succeeded."""
     outer = {"TORCH_INDEX", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
     env = {k: v for k, v in os.environ.items() if k not in outer}
-    done = subprocess.run(["make", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def make(*args: str) -> str:
+    return as_a_user_types_it(["make", *args])
 
 
 def readme_test_command() -> str:
@@ -178,12 +182,8 @@ def test_ci_runs_the_second_pass_on_the_notebooks_the_readme_names_and_the_slow_
     [other] = [ln for ln in ci_lines if ln.startswith("make test-other-processor")]
     assert re.findall(r"notebooks/(\d\d)_", other) == re.findall(r"\b(\d\d)\b", said) != []
     # the line as CI's shell expands it: one pytest command with every notebook it names
-    outer = {"TORCH_INDEX", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}
-    env = {k: v for k, v in os.environ.items() if k not in outer}
-    dry = other.replace("make ", "make -n ", 1)
-    done = subprocess.run(["bash", "-c", dry], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    [command] = [ln for ln in done.stdout.splitlines() if "--nbval" in ln]
+    dry = as_a_user_types_it(["bash", "-c", other.replace("make ", "make -n ", 1)])
+    [command] = [ln for ln in dry.splitlines() if "--nbval" in ln]
     assert re.findall(r"notebooks/(\d\d)_", command) == re.findall(r"\b(\d\d)\b", said)
     assert "make test-slow" in ci_lines and "`make test-slow`" in readme
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
