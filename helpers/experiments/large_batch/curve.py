@@ -8,12 +8,15 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 from helpers.data import HARData
-from helpers.experiments.large_batch.target import eval_subset, reordered, train_to_target
+from helpers.experiments.large_batch.target import (
+    eval_loss,
+    eval_subset,
+    reordered,
+    train_to_target,
+)
 from helpers.experiments.noise_scale import measure_noise_scale
 
 
@@ -83,13 +86,11 @@ def noise_scale_along_run(
             if step not in at_steps:
                 return
             ns = measure_noise_scale(model, X, y, local_batch, workers, n_batches, seed + step)
-            with torch.no_grad():
-                loss = F.cross_entropy(model(X_eval), y_eval).item()
             rows.append(
                 {
                     "seed": seed,
                     "step": step,
-                    "loss": loss,
+                    "loss": eval_loss(model, X_eval, y_eval),
                     "grad_sq": ns.grad_sq,
                     "trace": ns.trace,
                     "b_simple": ns.b_simple,

@@ -84,6 +84,12 @@ def eval_subset(data: HARData, samples: int = EVAL_SAMPLES) -> tuple[torch.Tenso
     return X[idx], y[idx]
 
 
+def eval_loss(model: torch.nn.Module, X_eval: torch.Tensor, y_eval: torch.Tensor) -> float:
+    """The training loss on the evaluation subset, the number a run is stopped on."""
+    with torch.no_grad():
+        return F.cross_entropy(model(X_eval), y_eval).item()
+
+
 def train_to_target(
     data: HARData,
     global_batch: int,
@@ -112,12 +118,8 @@ def train_to_target(
         torch.manual_seed(seed)
         model = make_mlp()
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-
-        def loss_now() -> float:
-            with torch.no_grad():
-                return F.cross_entropy(model(X_eval), y_eval).item()
-
-        first, losses, done, seconds, order = loss_now(), [], [], 0.0, None
+        first, losses, done = eval_loss(model, X_eval, y_eval), [], []
+        seconds, order = 0.0, None
         if after_step is not None:
             after_step(0, model)
         for step in range(max_steps):
@@ -132,7 +134,7 @@ def train_to_target(
                 after_step(step + 1, model)
             if step + 1 == marks[len(done)]:
                 done.append(step + 1)
-                losses.append(loss_now())
+                losses.append(eval_loss(model, X_eval, y_eval))
                 if losses[-1] <= target or not math.isfinite(losses[-1]):
                     break
     reached = losses[-1] <= target
