@@ -155,6 +155,17 @@ def test_run_script_clears_only_its_own_folders(tmp_path):
     assert (mine / "notes.txt").exists()
     with pytest.raises(ValueError, match="at least 1"):
         run_script(tmp_path / "any.py", [], tmp_path / "other", world=0)
+    with pytest.raises(ValueError, match="threads_per_worker"):
+        run_script(tmp_path / "any.py", [], tmp_path / "other", threads_per_worker=0)
+
+
+def test_run_script_gives_the_threads_asked_for(tmp_path, monkeypatch):
+    """A bit-for-bit comparison needs the other training's threads, whatever the cores."""
+    script = tmp_path / "threads.py"
+    script.write_text("import os\nprint(os.environ['OMP_NUM_THREADS'])\n")
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    run = run_script(script, [], tmp_path / "run", threads_per_worker=3)
+    assert run.returncode == 0 and run.stdout[0].strip() == "3"
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

@@ -128,16 +128,22 @@ def run_script(
     folder: Path,
     world: int | None = None,
     timeout: float = 300,
+    threads_per_worker: int | None = None,
 ) -> ScriptRun:
     """Run ``script ARGS`` in one plain process (``world=None``) or under torchrun on ``world``
     workers, and return what every rank printed; ``folder`` is emptied first (only a folder
-    this function made before, or an empty one). On a timeout (a ``ScriptFailed``) or Ctrl-C,
-    torchrun is told to stop its workers, and killed if it has not within 30 s."""
+    this function made before, or an empty one). Each worker gets ``threads_per_worker``
+    intra-op threads (``OMP_NUM_THREADS``; default: the cores shared out): a comparison bit for
+    bit with another training needs its thread count, since threads change the rounding. On a
+    timeout (a ``ScriptFailed``) or Ctrl-C, torchrun is told to stop its workers, and killed if
+    it has not within 30 s."""
     if world is not None and world < 1:
         raise ValueError(f"world must be at least 1 (or None for one plain process), got {world}")
+    if threads_per_worker is not None and threads_per_worker < 1:
+        raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
     _fresh(folder)
     env = dict(os.environ)
-    threads = max(1, available_cores() // (world or 1))
+    threads = threads_per_worker or max(1, available_cores() // (world or 1))
     env["OMP_NUM_THREADS"] = str(threads)
     env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
     if world is None:
