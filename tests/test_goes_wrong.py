@@ -229,6 +229,24 @@ def test_fresh_processes_reproduce_bit_for_bit_and_the_other_processor_does_not(
     assert fresh["a"] == fresh["b"] != fresh["other"]
 
 
+def test_the_native_capability_is_read_without_the_simulated_processors_variables(monkeypatch):
+    """Under the simulated processor this process runs DEFAULT kernels; the fresh process must
+    still report what the CPU itself offers (on x86 with AVX2, not DEFAULT)."""
+    for key, value in nondeterminism.OTHER_PROCESSOR.items():
+        monkeypatch.setenv(key, value)
+    capability = nondeterminism.native_capability()
+    assert capability.isupper() and capability.isalnum()
+    if platform.machine().lower() in ("x86_64", "amd64") and "avx2" in _cpu_flags():
+        assert capability != "DEFAULT"
+
+
+def _cpu_flags() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 # --------------------------------------------------------------------------- evaluation
 
 

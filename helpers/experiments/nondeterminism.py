@@ -148,3 +148,14 @@ def fresh_checksums(runs: dict[str, dict[str, str]], data: str) -> dict[str, flo
             raise RuntimeError(f"the {name} training failed: {stderr.strip().splitlines()[-1:]}")
         out[name] = json.loads(stdout.strip().splitlines()[-1])
     return out
+
+
+def native_capability() -> str:
+    """The CPU capability ATen picks in a fresh process without the simulated processor's
+    variables ("AVX512", "AVX2", "DEFAULT", ...): where it is already "DEFAULT", the variables
+    select no other kernels, and the two processors may round alike."""
+    base = {k: v for k, v in os.environ.items() if k not in OTHER_PROCESSOR}
+    code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    done = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    return done.stdout.strip()
