@@ -209,6 +209,8 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     for seconds, why in [([2.0, 2.2], "threads beat even workers"), ([3.5, 2.2], "the batch")]:
         slower = speedup_text(sweep, baselines.assign(seconds=seconds))
         assert why in slower and "the all-reduce decides" not in slower
+    tied = speedup_text(sweep, baselines.assign(seconds=[3.25, 2.2]))  # 1.23x against 1.25x
+    assert "a tie" in tied and "faster" not in tied
     assert speedup_text(sweep) == speedup_text(sweep, None)  # unchanged without baselines
     with pytest.raises(ValueError, match="global batch \\[512\\]"):
         add_baselines(sweep, baselines.assign(global_batch=512))

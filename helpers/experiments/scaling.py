@@ -1,8 +1,9 @@
 """Speed-up and efficiency of data parallelism against the global batch size, measured and
 predicted.
 
-``sweep`` times the real training (``helpers.training.run_training``) for every global batch
-and every world size that fits the cores, and adds speed-up and efficiency over one worker.
+``sweep`` times the real training (``helpers.training.run_trainings``, each world size's batches
+in one launch) for every global batch and every world size that fits the cores, and adds speed-up
+and efficiency over one worker.
 The model explains the table with two fits:
 
 * compute: one worker's time per step grows linearly with its batch, ``t(B) = c0 + c1 * B``
@@ -32,7 +33,7 @@ import pandas as pd
 from helpers.data import load_har
 from helpers.dist.comm_model import AlphaBeta, fit_alpha_beta
 from helpers.dist.cores import default_threads_per_worker, plan_world_sizes
-from helpers.training import TrainConfig, epochs_for_min_steps, run_training, steps_per_epoch
+from helpers.training import TrainConfig, epochs_for_min_steps, run_trainings, steps_per_epoch
 from helpers.training.measure import efficiency, speedup
 from helpers.training.model import GRADIENT_BYTES
 
@@ -129,16 +130,18 @@ def sweep(
 ) -> pd.DataFrame:
     """Time the training for every global batch and every world size that fits the cores.
 
-    Each point is one ``run_training`` with real DDP workers, trained for the ``budget`` of its
-    global batch; for each batch the world sizes run one after the other, so that a burst of
-    load from other programs tends to hit neighbouring points alike. World size 1 (the baseline)
-    is required. World sizes that would oversubscribe the cores are skipped, their reasons in
-    ``result.attrs["skipped"]``. ``progress``, if given, is called with one line per run.
+    Each point is a training with real DDP workers, for the ``budget`` of its global batch. Each
+    world size trains all its batches one after the other in one launch (``run_trainings``), so
+    that its start-up (processes, imports, data: seconds each) is paid once, as
+    ``single_device.baseline_runs`` does; the clock leaves start-up out either way. World size 1
+    (the baseline) is required. World sizes that would oversubscribe the cores are skipped, their
+    reasons in ``result.attrs["skipped"]``. ``progress``, if given, is called with one line per
+    launch.
 
-    Returns one row per run: world, global_batch, epochs, steps, timed_steps, threads_per_worker,
-    seconds
-    (training time of the slowest worker), step_seconds, samples_per_s, speedup, efficiency,
-    accuracy, checksum (rank 0), replicas_identical, startup_seconds, oversubscribed.
+    Returns one row per run, by global batch then world size: world, global_batch, epochs,
+    steps, timed_steps, threads_per_worker, seconds (training time of the slowest worker),
+    step_seconds, samples_per_s, speedup, efficiency, accuracy, checksum (rank 0),
+    replicas_identical, oversubscribed.
     """
     if 1 not in world_sizes:
         raise ValueError("the sweep needs world size 1: speed-up is measured against it")
@@ -146,25 +149,21 @@ def sweep(
     threads = default_threads_per_worker() if threads is None else threads
     plans = plan_world_sizes(sorted(set(world_sizes)), threads, oversubscribe=oversubscribe)
     running = [p for p in plans if p.runs]
-    plan_of_batch = budget(global_batches, len(har.X_train), min_steps)
+    points = budget(global_batches, len(har.X_train), min_steps)
+    configs = [
+        TrainConfig(global_batch=int(p.global_batch), epochs=int(p.epochs), lr=lr,
+                    data=har.source, untimed_steps=UNTIMED_STEPS)  # fmt: skip
+        for p in points.itertuples(index=False)
+    ]
     rows = []
-    for point in plan_of_batch.itertuples(index=False):
-        for plan in running:
-            if progress is not None:
-                progress(
-                    f"global batch {point.global_batch:>4}, {plan.world_size} worker(s): "
-                    f"{point.epochs} epoch(s), {point.steps} steps, {point.timed_steps} timed"
-                )
-            config = TrainConfig(
-                global_batch=int(point.global_batch),
-                epochs=int(point.epochs),
-                lr=lr,
-                data=har.source,
-                untimed_steps=UNTIMED_STEPS,
+    for plan in running:
+        if progress is not None:
+            progress(
+                f"{plan.world_size} worker(s) x {plan.threads_per_worker} thread(s), global "
+                f"batches {', '.join(str(b) for b in points['global_batch'])}: one launch"
             )
-            run = run_training(
-                plan.world_size, config, plan.threads_per_worker, plan.oversubscribed
-            )
+        runs = run_trainings(plan, configs)
+        for point, run in zip(points.itertuples(index=False), runs, strict=True):
             rows.append(
                 {
                     "world": run.world,
@@ -179,10 +178,10 @@ def sweep(
                     "accuracy": run.accuracy,
                     "checksum": run.checksums[0],
                     "replicas_identical": run.replicas_identical,
-                    "startup_seconds": run.startup_seconds,
                     "oversubscribed": run.oversubscribed,
                 }
             )
+    rows.sort(key=lambda r: (r["global_batch"], r["world"]))
     table = add_speedup(pd.DataFrame(rows))
     table.attrs["skipped"] = [f"{p.world_size} workers: {p.reason}" for p in plans if not p.runs]
     table.attrs["data_source"] = har.source
@@ -303,7 +302,6 @@ def batch_for_speedup(
     return max(0.0, (target * (compute.c0 + a) - compute.c0) / gain)
 
 
-# --------------------------------------------------------------------------- tables to read
 
 
 def add_baselines(table: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
@@ -340,8 +338,11 @@ def speedup_text(table: pd.DataFrame, baselines: pd.DataFrame | None = None) -> 
     return text + verdict
 
 
+TIE = 0.05  # closer speed-ups are a tie: one point's repeats move by several percent (05)
+
+
 def _single_device_verdict(both: pd.DataFrame) -> str:
-    """Per batch: the single device's speed-up against the most workers' DDP speed-up."""
+    """Per batch: the single device's speed-up against the most workers' DDP's (``TIE``)."""
     lines = []
     for batch, rows in both.groupby("global_batch"):
         single = rows[rows["layout"] == "single device"]
@@ -349,15 +350,17 @@ def _single_device_verdict(both: pd.DataFrame) -> str:
         if single.empty or ddp.empty or ddp["world"].iloc[0] < 2:
             continue
         s, d = single.iloc[0], ddp.iloc[0]
+        head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
+                f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
+                f"thread(s) {d['speedup']:.2f}x")  # fmt: skip
+        if abs(s["speedup"] - d["speedup"]) <= TIE * max(s["speedup"], d["speedup"]):
+            lines.append(f"{head}: a tie (within {TIE:.0%}, inside run-to-run noise)")
+            continue
         winner = "one worker on every core" if s["speedup"] > d["speedup"] else "DDP"
         free = rows[(rows["layout"] == "no communication") & (rows["world"] == d["world"])]
-        alone = f" ({free['speedup'].iloc[0]:.2f}x never communicating)" if len(free) else ""
-        lines.append(
-            f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
-            f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
-            f"thread(s) {d['speedup']:.2f}x{alone}: {winner} faster"
-            + _why(s["speedup"], d["speedup"], free["speedup"].iloc[0] if len(free) else None)
-        )
+        f = free["speedup"].iloc[0] if len(free) else None
+        alone = f" ({f:.2f}x never communicating)" if f is not None else ""
+        lines.append(f"{head}{alone}: {winner} faster" + _why(s["speedup"], d["speedup"], f))
     return "\n".join(lines)
 
 
