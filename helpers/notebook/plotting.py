@@ -5,10 +5,18 @@ calls ``plt.show()``."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
+from helpers.dist.comm_model import AlphaBeta
+from helpers.experiments.scaling import (
+    GRADIENT_BYTES,
+    ComputeModel,
+    batch_for_speedup,
+    predict_step_seconds,
+)
 from helpers.notebook.before_workers import draw_baselines
 
 # --------------------------------------------------------------------------- notebook 05: scaling
@@ -100,6 +108,45 @@ def plot_scaling(
     )
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_step_model(
+    table: pd.DataFrame,
+    compute: ComputeModel,
+    comms: dict[int, AlphaBeta],
+    banner: str,
+    nbytes: int = GRADIENT_BYTES,
+) -> Figure:
+    """The model of notebook 05 beside what it was built from: one worker's measured step times
+    and the fitted ``c0 + c1 B``; for each world ``N`` in ``comms``, DDP's measured step times
+    and the model's ``c0 + c1 B / N + a``, with the all-reduce ``a`` alone as a flat line. Where
+    the N-worker line crosses one worker's, the speed-up is 1 (marked). ``table`` needs world,
+    global_batch and step_seconds (DDP's rows)."""
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    batches = np.geomspace(table["global_batch"].min() / 2, table["global_batch"].max() * 2, 100)
+    one = table[table["world"] == 1].sort_values("global_batch")
+    ax.plot(one["global_batch"], one["step_seconds"] * 1e3, "o", color=_WORLD_COLOURS[1],
+            label="1 worker, measured")  # fmt: skip
+    ax.plot(batches, compute.predict(batches) * 1e3, "-", color=_WORLD_COLOURS[1],
+            label="1 worker, fitted c0 + c1 B")  # fmt: skip
+    for world, comm in comms.items():
+        colour = _WORLD_COLOURS.get(world)
+        runs = table[table["world"] == world].sort_values("global_batch")
+        ax.plot(runs["global_batch"], runs["step_seconds"] * 1e3, "o", color=colour,
+                label=f"{world} workers with DDP, measured")  # fmt: skip
+        ax.plot(batches, predict_step_seconds(compute, comm, batches, world, nbytes) * 1e3, "--",
+                color=colour, label=f"{world} workers, model c0 + c1 B / {world} + a")  # fmt: skip
+        a = float(comm.predict(nbytes))
+        ax.axhline(a * 1e3, color=colour, lw=1, ls=":",
+                   label=f"a: the all-reduce of {nbytes / 1e6:.1f} MB, benchmarked")  # fmt: skip
+        even = batch_for_speedup(compute, comm, world, 1.0, nbytes)
+        if np.isfinite(even):
+            ax.plot(even, compute.predict(even) * 1e3, "s", color=colour, mfc="white", ms=9,
+                    label=f"model: {world} workers break even at {even:,.0f}")  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="global batch (samples)", ylabel="time per step (ms)",
+           title=f"One step's time: measured, and the model built from one worker\n{banner}")
+    ax.legend(fontsize=8, loc="upper left")
     return fig
 
 
