@@ -214,21 +214,34 @@ class SlurmDemo:
     def __str__(self) -> str:
         return f"skipped: {self.skipped}" if self.skipped else summary(self.run, self.alone)
 
-def run_slurm_demo(kill_worker: bool = False, timeout: float = 300) -> SlurmDemo:
-    """Run the batch script on a two-node cluster here (with ``kill_worker``, the second
-    node's worker killed mid-run) and the same training under torchrun alone, two nodes on
-    loopback; where this machine cannot (no root, no Slurm), say why instead."""
+def run_slurm_demo(
+    kill_worker: bool = False,
+    timeout: float = 300,
+    settings: dict[str, str] | None = None,
+    alone: dict | None = None,
+) -> SlurmDemo:
+    """Run the batch script (``settings`` over ``SHORT_RUN``) on a two-node cluster here (with
+    ``kill_worker``, the second node's worker killed mid-run) beside the same training under
+    torchrun alone, two nodes on loopback: ``alone``, that training's run record where the
+    caller has one (a notebook that ran it already), else run here. Where this machine cannot
+    (no root, no Slurm), say why instead."""
     why = why_no_slurm()
     if why:
         return SlurmDemo(skipped=why)
-    from helpers.dist.cluster import run_torchrun
+    if alone is None:
+        from helpers.dist.cluster import run_torchrun
 
-    alone = run_torchrun(train_args(), nproc_per_node=1, nnodes=2, timeout=timeout)
+        args = train_args({**SHORT_RUN, **(settings or {})})
+        alone = run_torchrun(args, nproc_per_node=1, nnodes=2, timeout=timeout).run
     with tempfile.TemporaryDirectory(prefix="slurm-run-") as tmp, slurm_cluster() as cluster:
         run = submit_training(
-            cluster, Path(tmp), kill_worker_on=1 if kill_worker else None, timeout=timeout
+            cluster,
+            Path(tmp),
+            settings,
+            kill_worker_on=1 if kill_worker else None,
+            timeout=timeout,
         )
-    return SlurmDemo(run=run, alone=alone.run)
+    return SlurmDemo(run=run, alone=alone)
 
 def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt  # a kill (SIGTERM) stops the cluster as Ctrl-C does
