@@ -1,11 +1,13 @@
-"""Notebook 11's figures: a per-rank step timeline with a straggler, and time against cost to a
-target accuracy. Each returns its figure; the notebook calls ``plt.show()``."""
+"""Notebook 11's figures: a per-rank step timeline with a straggler, the expected slowdown of a
+synchronous step with more workers, and time against cost to a target accuracy. Each returns
+its figure; the notebook calls ``plt.show()``."""
 
 from __future__ import annotations
 
 import math
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -77,4 +79,34 @@ def plot_time_cost(table: pd.DataFrame, banner: str, target: float, prices_note:
     ax.legend(title="setup (workers x threads)")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_slowdown(
+    slow: pd.DataFrame,
+    samples: np.ndarray,
+    banner: str,
+    probabilities: tuple[float, ...] = (0.001, 0.01, 0.05),
+) -> Figure:
+    """Left: the expected slowest of N workers' compute times over one worker's mean
+    (``straggler.slowdown_table``), beside the Gaussian model ``mean + sd sqrt(2 ln N)`` of the
+    same times and the ceiling a finite sample sets (its largest time). Right: the share of
+    steps that any of N workers slows, each slowed independently with probability ``p``."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    mean, sd, n = float(np.mean(samples)), float(np.std(samples)), slow["workers"].to_numpy()
+    left.plot(n, slow["slowdown"], "o-", label="expected slowest of N, from the measured times")
+    gauss = 1 + sd / mean * np.sqrt(2 * np.log(np.maximum(n, 1)))
+    left.plot(n, gauss, "--", color="grey", label="Gaussian model: mean + sd sqrt(2 ln N)")
+    left.axhline(float(np.max(samples)) / mean, color="C3", ls=":",
+                 label=f"largest of the {len(samples)} measured times")  # fmt: skip
+    left.set(xscale="log", xlabel="workers N", ylabel="step time / one worker's mean",
+             title=f"A synchronous step waits for its slowest worker\n{banner}")  # fmt: skip
+    left.legend(fontsize=8, loc="upper left")
+    worlds = np.unique(np.geomspace(1, 1024, 60).astype(int))
+    for p in probabilities:
+        right.plot(worlds, 1 - (1 - p) ** worlds, label=f"each worker slowed at {p:.1%} of steps")
+    right.set(xscale="log", xlabel="workers N", ylabel="steps slowed", ylim=(0, 1.02),
+              title="Rare hiccups become the common case (model)")  # fmt: skip
+    right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
+    right.legend(fontsize=8, loc="upper left")
     return fig
