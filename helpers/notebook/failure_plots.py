@@ -89,14 +89,16 @@ def plot_slowdown(
     probabilities: tuple[float, ...] = (0.001, 0.01, 0.05),
 ) -> Figure:
     """Left: the expected slowest of N workers' compute times over one worker's mean
-    (``straggler.slowdown_table``), beside the Gaussian model ``mean + sd sqrt(2 ln N)`` of the
-    same times and the ceiling a finite sample sets (its largest time). Right: the share of
+    (``straggler.slowdown_table``), beside ``mean + sd sqrt(2 ln N)``, which bounds the expected
+    maximum of N Gaussian times of the same mean and spread, and the ceiling a finite sample
+    sets (its largest time). Right: the share of
     steps that any of N workers slows, each slowed independently with probability ``p``."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     mean, sd, n = float(np.mean(samples)), float(np.std(samples)), slow["workers"].to_numpy()
     left.plot(n, slow["slowdown"], "o-", label="expected slowest of N, from the measured times")
     gauss = 1 + sd / mean * np.sqrt(2 * np.log(np.maximum(n, 1)))
-    left.plot(n, gauss, "--", color="grey", label="Gaussian model: mean + sd sqrt(2 ln N)")
+    left.plot(n, gauss, "--", color="grey",
+              label="bound for Gaussian times: mean + sd sqrt(2 ln N)")  # fmt: skip
     left.axhline(float(np.max(samples)) / mean, color="C3", ls=":",
                  label=f"largest of the {len(samples)} measured times")  # fmt: skip
     left.set(xscale="log", xlabel="workers N", ylabel="step time / one worker's mean",

@@ -38,11 +38,12 @@ def plot_break_even(
     left.axhline(world, color="grey", lw=1, ls="--")
     left.set(xscale="log", xlabel="global batch (samples)", ylabel=f"speed-up of {world} workers",
              ylim=(0, world + 0.2),
-             title=f"{world} machines, one worker each (model; dots: break-even)\n{banner}")
+             title=f"{world} machines, one worker each (model; dots: break-even)")
     left.legend(fontsize=8, loc="upper left")
     right.set(xscale="log", yscale="log",
               xlabel="compute per sample, times faster than this worker (c1 / k)",
               ylabel="break-even global batch (samples)",
-              title=f"A faster worker needs a larger batch to break even\n{banner}")
+              title="A faster worker needs a larger batch to break even")
     right.legend(fontsize=8, loc="upper left")
+    fig.suptitle(banner, fontsize=9)
     return fig
