@@ -14,7 +14,13 @@ from helpers.dist.launch import WorkerError, launch
 from helpers.experiments.memory import expected_bytes
 from helpers.experiments.replicas import weight_gap
 from helpers.experiments.sharding import ShardingProbe, load_sharded, load_worker
-from helpers.training import TrainConfig, make_optimizer, run_training, validate
+from helpers.training import (
+    TrainConfig,
+    make_optimizer,
+    run_training,
+    run_trainings,
+    validate,
+)
 from helpers.training.model import count_parameters, gradient_bytes, make_mlp
 
 # SGD with momentum: its update scales with the gradient (unlike Adam's), so a wrapping that
@@ -84,6 +90,20 @@ def test_fsdp2_sends_one_and_a_half_times_ddps_bytes(ddp_run, fsdp_run):
     }
     assert sent["fsdp"] / sent["ddp"] == pytest.approx(1.5, abs=1e-4)
 
+
+
+@pytest.mark.slow  # notebook 08's headline cell depends on it too, on every make test
+def test_one_probe_measures_each_training_of_a_launch_afresh():
+    # DDP first: a probe that carried its measurements over would report DDP's whole state, and
+    # DDP's all-reduce, for the FSDP2 training that follows it in the same workers
+    short = replace(CONFIG, max_steps=2)
+    ddp, fsdp = run_trainings(
+        2, [short, replace(short, sync="fsdp2")], probe=ShardingProbe(count_step=2)
+    )
+    assert ddp.probes[0]["held"] == {k: PARAM_BYTES for k in ddp.probes[0]["held"]}
+    for probe in fsdp.probes:
+        assert probe["held"] == {k: PARAM_BYTES // 2 for k in probe["held"]}
+        assert {kind for kind, _ in probe["calls"]} == {"all-gather", "reduce-scatter"}
 
 @pytest.mark.slow
 def test_a_sharded_checkpoint_loads_bit_for_bit_on_one_worker(fsdp_run):
