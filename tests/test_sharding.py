@@ -9,11 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.dist.counting import per_step_traffic, wire_bytes
+from helpers.dist.counting import COUNTED, per_step_traffic, wire_bytes
 from helpers.dist.launch import WorkerError, launch
 from helpers.experiments.memory import expected_bytes
 from helpers.experiments.replicas import weight_gap
-from helpers.experiments.sharding import ShardingProbe, load_sharded, load_worker
+from helpers.experiments.sharding import (
+    ShardingProbe,
+    load_sharded,
+    load_worker,
+    memory_table,
+    traffic_by_kind,
+    traffic_table,
+)
+from helpers.notebook.plotting import plot_state_held, plot_traffic
 from helpers.training import (
     TrainConfig,
     make_optimizer,
@@ -91,6 +99,23 @@ def test_fsdp2_sends_one_and_a_half_times_ddps_bytes(ddp_run, fsdp_run):
     assert sent["fsdp"] / sent["ddp"] == pytest.approx(1.5, abs=1e-4)
 
 
+
+
+def test_traffic_by_kind_splits_the_tables_total_and_the_figures_name_their_data(
+    ddp_run, fsdp_run
+):
+    import matplotlib.pyplot as plt
+
+    runs = [ddp_run, fsdp_run[0]]
+    by_kind = traffic_by_kind(runs)
+    assert list(by_kind.columns) == list(COUNTED)
+    assert np.allclose(by_kind.sum(axis=1), traffic_table(runs)["sent per worker MB"])
+    assert by_kind.iloc[0]["all-reduce"] > 0 and by_kind.iloc[1]["all-reduce"] == 0
+    memory = memory_table(runs)
+    for fig in (plot_traffic(by_kind, "data: X"),
+                plot_state_held(memory, memory["state_total"], "data: X", "held")):  # fmt: skip
+        assert "data: X" in fig.axes[0].get_title()
+        plt.close(fig)
 
 @pytest.mark.slow  # notebook 08's headline cell depends on it too, on every make test
 def test_one_probe_measures_each_training_of_a_launch_afresh():
