@@ -9,12 +9,26 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.dist.counting import per_step_traffic, wire_bytes
+from helpers.dist.counting import COUNTED, per_step_traffic, wire_bytes
 from helpers.dist.launch import WorkerError, launch
 from helpers.experiments.memory import expected_bytes
 from helpers.experiments.replicas import weight_gap
-from helpers.experiments.sharding import ShardingProbe, load_sharded, load_worker
-from helpers.training import TrainConfig, make_optimizer, run_training, validate
+from helpers.experiments.sharding import (
+    ShardingProbe,
+    load_sharded,
+    load_worker,
+    memory_table,
+    traffic_by_kind,
+    traffic_table,
+)
+from helpers.notebook.plotting import plot_state_held, plot_traffic
+from helpers.training import (
+    TrainConfig,
+    make_optimizer,
+    run_training,
+    run_trainings,
+    validate,
+)
 from helpers.training.model import count_parameters, gradient_bytes, make_mlp
 
 # SGD with momentum: its update scales with the gradient (unlike Adam's), so a wrapping that
@@ -84,6 +98,37 @@ def test_fsdp2_sends_one_and_a_half_times_ddps_bytes(ddp_run, fsdp_run):
     }
     assert sent["fsdp"] / sent["ddp"] == pytest.approx(1.5, abs=1e-4)
 
+
+
+
+def test_traffic_by_kind_splits_the_tables_total_and_the_figures_name_their_data(
+    ddp_run, fsdp_run
+):
+    import matplotlib.pyplot as plt
+
+    runs = [ddp_run, fsdp_run[0]]
+    by_kind = traffic_by_kind(runs)
+    assert list(by_kind.columns) == list(COUNTED)
+    assert np.allclose(by_kind.sum(axis=1), traffic_table(runs)["sent per worker MB"])
+    assert by_kind.iloc[0]["all-reduce"] > 0 and by_kind.iloc[1]["all-reduce"] == 0
+    memory = memory_table(runs)
+    for fig in (plot_traffic(by_kind, "data: X"),
+                plot_state_held(memory, memory["state_total"], "data: X", "held")):  # fmt: skip
+        assert "data: X" in fig.axes[0].get_title()
+        plt.close(fig)
+
+@pytest.mark.slow  # notebook 08's headline cell depends on it too, on every make test
+def test_one_probe_measures_each_training_of_a_launch_afresh():
+    # DDP first: a probe that carried its measurements over would report DDP's whole state, and
+    # DDP's all-reduce, for the FSDP2 training that follows it in the same workers
+    short = replace(CONFIG, max_steps=2)
+    ddp, fsdp = run_trainings(
+        2, [short, replace(short, sync="fsdp2")], probe=ShardingProbe(count_step=2)
+    )
+    assert ddp.probes[0]["held"] == {k: PARAM_BYTES for k in ddp.probes[0]["held"]}
+    for probe in fsdp.probes:
+        assert probe["held"] == {k: PARAM_BYTES // 2 for k in probe["held"]}
+        assert {kind for kind, _ in probe["calls"]} == {"all-gather", "reduce-scatter"}
 
 @pytest.mark.slow
 def test_a_sharded_checkpoint_loads_bit_for_bit_on_one_worker(fsdp_run):

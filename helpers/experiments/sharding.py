@@ -140,8 +140,10 @@ class ShardingProbe:
     _counter: CollectiveCounter | None = None
 
     def start(self, rank: int, world_size: int) -> None:
-        """Just before the model is built: take the memory baseline."""
+        """Just before the model is built: take the memory baseline, and forget the previous
+        training's measurements (one probe serves every training of a launch, ``run_trainings``)."""
         self.rank, self.world_size = rank, world_size
+        self.held, self.peak_growth, self.calls, self._counter = {}, 0, [], None
         self.exact_peak = reset_peak_rss()
         self.baseline_rss = rss_bytes() if self.exact_peak else peak_rss_bytes()
         self.step_times = [time.perf_counter()]
@@ -248,3 +250,12 @@ def traffic_table(runs: list[RunResult]) -> pd.DataFrame:
     return table
 
 
+def traffic_by_kind(runs: list[RunResult]) -> pd.DataFrame:
+    """Per run, the MB each worker sends on a ring in one step, by collective (rank 0's counted
+    step): the split behind ``traffic_table``'s total."""
+    rows = {}
+    for run in runs:
+        traffic = per_step_traffic(run.probes[0]["calls"], run.world)
+        rows[label(run)] = {kind: traffic.get(kind, {}).get("wire_bytes", 0.0) / MB
+                            for kind in COUNTED}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index")

@@ -263,6 +263,63 @@ def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
     return fig
 
 
+
+def plot_state_held(
+    table: pd.DataFrame, expected: pd.Series, banner: str, title: str,
+    budget: float | None = None,
+) -> Figure:  # fmt: skip
+    """Per run, the MB of parameters, gradients and optimizer state a worker holds, read from its
+    tensors (stacked), beside what the arithmetic expects for that wrapping and world size (a
+    black bar's outline), and a memory budget if given (dashed): the measurement and the
+    prediction on one axis. ``table`` from ``helpers.experiments.sharding.memory_table``,
+    ``expected`` MB per run on the same index."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    x = list(range(len(table)))
+    bottom = pd.Series(0.0, index=table.index)
+    for i, part in enumerate(("parameters", "gradients", "optimizer_state")):
+        ax.bar(x, table[part], 0.5, bottom=bottom, color=f"C{i}",
+               label=f"{part.replace('_', ' ')} (measured)")
+        bottom += table[part]
+    ax.bar(x, expected.loc[table.index], 0.62, fill=False, edgecolor="black", linewidth=1.2,
+           label="expected: parameter bytes x copies / sharding")
+    for p, total in zip(x, bottom, strict=True):
+        ax.annotate(f"{total:.0f} MB", (p, total), xytext=(0, 3), textcoords="offset points",
+                    ha="center", fontsize=8)
+    if budget is not None:
+        ax.axhline(budget, color="C3", linestyle="--", linewidth=1,
+                   label=f"a budget of {budget:.0f} MB")
+    ax.set_xticks(x, table.index, fontsize=9)
+    ax.set_ylabel("MB per worker (rank 0)")
+    ax.set_ylim(0, 1.5 * max(bottom.max(), expected.max(), budget or 0))
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"{title}\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_traffic(table: pd.DataFrame, banner: str) -> Figure:
+    """Per run (rows), the MB each worker sends in one training step, stacked by collective
+    (columns), on a ring: what a bandwidth-optimal algorithm sends for the calls counted.
+    Table from ``helpers.experiments.sharding.traffic_by_kind``."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    x = list(range(len(table)))
+    bottom = pd.Series(0.0, index=table.index)
+    for i, kind in enumerate(table.columns):
+        ax.bar(x, table[kind], 0.5, bottom=bottom, color=f"C{i + 3}", label=kind)
+        bottom += table[kind]
+    for p, total in zip(x, bottom, strict=True):
+        ax.annotate(f"{total / bottom.iloc[0]:.2f}x", (p, total), xytext=(0, 3),
+                    textcoords="offset points", ha="center", fontsize=9)
+    ax.set_xticks(x, table.index, fontsize=9)
+    ax.set_ylabel("MB each worker sends per step (ring)")
+    ax.set_ylim(0, 1.2 * bottom.max())
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"One step's collectives, counted, as a ring sends them\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
 # ------------------------------------------------------------ notebook 07: techniques, summary
 
 

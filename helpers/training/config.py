@@ -156,7 +156,9 @@ def validate_communication(config: TrainConfig) -> None:
         raise ValueError(f"bucket_cap_mb must be positive (or None), got {config.bucket_cap_mb}")
     if config.powersgd_rank < 1:
         raise ValueError(f"powersgd_rank must be at least 1, got {config.powersgd_rank}")
-    with torch.random.fork_rng(devices=[]):  # leaves the caller's random state as it was
+    # shapes only, on the meta device: a check allocates no memory (a worker's peak resident
+    # memory is its training's) and draws no random numbers from the caller's generator
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = make_model(config)
     comm_hooks.check_hook(
         config.comm_hook,
