@@ -81,3 +81,29 @@ def test_powersgd_starts_after_about_a_tenth_of_the_steps():
     assert powersgd_start_iter(7) == POWERSGD_START_ITER == 2
     with pytest.raises(ValueError, match="powersgd_start_iter must be at least 2"):
         validate(TrainConfig(powersgd_start_iter=1), 2, 7352)
+
+
+def test_the_figures_draw_every_row_and_name_the_data():
+    from helpers.notebook.plotting import plot_hook_costs, plot_knobs
+
+    costs = pd.DataFrame(
+        {"hook": ["none", "fp16"] * 2, "network": ["loopback"] * 2 + ["1 Gbit/s"] * 2,
+         "compress_ms": [0.0, 0.5, 0.0, 0.5], "latency_ms": [0.9] * 4,
+         "bytes_ms": [4.7, 2.4, 52.2, 26.1]}
+    )  # fmt: skip
+    fig = plot_hook_costs(costs, "DATA BANNER")
+    assert len(fig.axes) == 2 and "DATA BANNER" in fig.get_suptitle()
+    assert len(fig.axes[1].patches) == 6  # 2 hooks x 3 parts
+    bytes_bars = sorted(p.get_width() for p in fig.axes[1].patches[-2:])  # drawn last
+    assert bytes_bars == pytest.approx([26.1, 52.2])
+    knobs = pd.DataFrame(
+        {"variant": ["silent", "ddp"], "step_ms": [20.0, 25.0], "min_ms": [19.0, 24.0],
+         "max_ms": [21.0, 30.0], "share_of_ceiling": [1.0, 0.8]}
+    )  # fmt: skip
+    profiled = pd.DataFrame({"compute": [18.0, 19.0], "copies": [0.1, 1.5], "step_ms": [19, 24]},
+                            index=["silent", "ddp"])  # fmt: skip
+    fig = plot_knobs(knobs, profiled, "DATA BANNER", 0.9)
+    assert "DATA BANNER" in fig.get_suptitle()
+    bars = sorted(p.get_width() for p in fig.axes[0].patches)
+    assert bars == [0.8, 1.0]  # one bar per variant: its share of the ceiling
+    assert len(fig.axes[1].patches) == 4  # 2 steps x 2 parts, step_ms not stacked

@@ -318,3 +318,26 @@ def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: f
     fig.suptitle(f"What each knob buys, and where the time goes\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plot_hook_costs(costs: pd.DataFrame, banner: str) -> Figure:
+    """Each hook's communication per step, stacked: its compression compute, its calls' latency
+    and its bytes' time, one panel per network (columns hook, network, compress_ms, latency_ms,
+    bytes_ms)."""
+    networks = list(dict.fromkeys(costs["network"]))
+    fig, axes = plt.subplots(1, len(networks), figsize=(5.5 * len(networks), 3.8), squeeze=False)
+    parts = {"compress_ms": "compression compute", "latency_ms": "latency (calls x alpha)",
+             "bytes_ms": "bytes (beta x bytes)"}  # fmt: skip
+    for ax, network in zip(axes[0], networks, strict=True):
+        rows = costs[costs["network"] == network].iloc[::-1]
+        left = pd.Series(0.0, index=rows.index)
+        for i, (column, label) in enumerate(parts.items()):
+            ax.barh(rows["hook"], rows[column], left=left, color=f"C{i}", label=label)
+            left += rows[column]
+        ax.set_xlabel("ms per step (the model, on the benchmark's alpha and beta)")
+        ax.set_title(network, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0, 0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"What each hook's communication costs per step\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig

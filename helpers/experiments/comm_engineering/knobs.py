@@ -264,6 +264,7 @@ def profile_steps(model: nn.Module, X, y, batches) -> dict[str, float]:
     copies and scalings (DDP copies every gradient into its bucket, scaled by 1/N, and back);
     the all-reduce calls issued here; other operators; and the time in no operator at all, which
     under DDP is mostly the wait for the all-reduces to complete at the end of backward."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # no timestamped start/stop lines on stderr
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         wall = sum(_train_with(optimizer, model, X, y, idx) for idx in batches)
