@@ -39,8 +39,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # PowerSGD runs plain all-reduce for its first iterations (PyTorch's default: 1,000). DDP rebuilds
 # its buckets after the first step, and PyTorch requires at least 2 so that compression starts on
-# the final buckets; the course's short trainings start compressing at step 2.
+# the final buckets: the earliest start, which short timings use.
 POWERSGD_START_ITER = 2
+POWERSGD_WARMUP_SHARE = 0.1  # PowerSGDState's docs: start compressing at about 10% of the steps
 POWERSGD_MIN_COMPRESSION_RATE = 2  # PyTorch's default: a matrix is compressed only if it pays 2x
 MIB = 1024 * 1024
 
@@ -95,15 +96,24 @@ def check_hook(
 Hook = Callable[[object, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 
-def hook_and_state(hook: CommHook, matrix_rank: int = 1) -> tuple[Hook, object]:
+def powersgd_start_iter(total_steps: int) -> int:
+    """The step at which PowerSGD starts compressing, as PyTorch's ``PowerSGDState`` docs advise:
+    about 10% of the training's steps of plain all-reduce first (early training is sensitive to
+    inexact gradients), and never before step 2 (DDP's buckets are rebuilt after step 1)."""
+    return max(POWERSGD_START_ITER, round(POWERSGD_WARMUP_SHARE * total_steps))
+
+
+def hook_and_state(
+    hook: CommHook, matrix_rank: int = 1, start_iter: int = POWERSGD_START_ITER
+) -> tuple[Hook, object]:
     """PyTorch's hook function for ``hook`` and the state it is registered with (PowerSGD's
-    counts what it compressed); ``ALLREDUCE`` gives ``allreduce_hook``, which does what DDP does
-    without a hook."""
+    counts what it compressed; it compresses from step ``start_iter``); ``ALLREDUCE`` gives
+    ``allreduce_hook``, which does what DDP does without a hook."""
     if hook is CommHook.POWER_SGD:
         state = powerSGD_hook.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=matrix_rank,
-            start_powerSGD_iter=POWERSGD_START_ITER,
+            start_powerSGD_iter=start_iter,
             min_compression_rate=POWERSGD_MIN_COMPRESSION_RATE,
             use_error_feedback=True,
             warm_start=True,
@@ -118,14 +128,20 @@ def hook_and_state(hook: CommHook, matrix_rank: int = 1) -> tuple[Hook, object]:
     return functions[hook], None
 
 
-def register(ddp: DDP, hook: CommHook, matrix_rank: int = 1, log: list | None = None) -> object:
-    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation rank ``matrix_rank``) and
-    return its state. With a ``log``, every bucket's communication is timestamped into it
-    (``timestamped``); without one, ``ALLREDUCE`` registers nothing and DDP keeps its built-in
-    all-reduce."""
+def register(
+    ddp: DDP,
+    hook: CommHook,
+    matrix_rank: int = 1,
+    log: list | None = None,
+    start_iter: int = POWERSGD_START_ITER,
+) -> object:
+    """Register ``hook`` on ``ddp`` (PowerSGD with matrix approximation rank ``matrix_rank``,
+    compressing from step ``start_iter``) and return its state. With a ``log``, every bucket's
+    communication is timestamped into it (``timestamped``); without one, ``ALLREDUCE`` registers
+    nothing and DDP keeps its built-in all-reduce."""
     if hook is CommHook.ALLREDUCE and log is None:
         return None
-    fn, state = hook_and_state(hook, matrix_rank)
+    fn, state = hook_and_state(hook, matrix_rank, start_iter)
     ddp.register_comm_hook(state, fn if log is None else timestamped(fn, log))
     return state
 

@@ -391,3 +391,57 @@ def plot_technique_speedups(
     )
     fig.tight_layout()
     return fig
+
+
+def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: float) -> Figure:
+    """Left: each variant's share of the communication-free ceiling (``knob_table``), its
+    rounds' spread as a line, the goal as a dashed line. Right: the profiled steps
+    (``profile_table``), milliseconds per step stacked by what the training's thread did."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.8), width_ratios=(3, 2))
+    rows = knobs.iloc[::-1]
+    silent_ms = knobs.loc[knobs["share_of_ceiling"].idxmax(), "step_ms"]
+    share = rows["share_of_ceiling"]
+    left.barh(rows["variant"], share, color=["C2" if s >= goal else "C0" for s in share])
+    silent = knobs["step_ms"] / knobs["share_of_ceiling"]  # the silent step, the same in each row
+    low, high = silent / knobs["max_ms"], silent / knobs["min_ms"]
+    left.hlines(knobs["variant"], low, high, color="black", lw=1)
+    left.axvline(goal, color="C3", ls="--", lw=1.5, label=f"goal: {goal:.0%} of the ceiling")
+    left.xaxis.set_major_formatter(PercentFormatter(1.0))
+    left.set_xlabel("share of the ceiling = silent step / step (line: fastest to slowest round)")
+    left.set_title(f"2 workers at global batch 256 (silent step {silent_ms:.1f} ms)", fontsize=10)
+    left.legend(fontsize=8, loc="lower right")
+    left.grid(axis="x", alpha=0.3)
+    bottom = pd.Series(0.0, index=profiled.index)
+    for i, part in enumerate(c for c in profiled.columns if c != "step_ms"):
+        right.bar(profiled.index, profiled[part], bottom=bottom, color=f"C{i}", label=part)
+        bottom += profiled[part]
+    right.set_ylabel("ms per step (the training's thread)")
+    right.set_title("One step profiled (torch.profiler)", fontsize=10)
+    right.legend(fontsize=8)
+    right.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"What each knob buys, and where the time goes\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_hook_costs(costs: pd.DataFrame, banner: str) -> Figure:
+    """Each hook's communication per step, stacked: its compression compute, its calls' latency
+    and its bytes' time, one panel per network (columns hook, network, compress_ms, latency_ms,
+    bytes_ms)."""
+    networks = list(dict.fromkeys(costs["network"]))
+    fig, axes = plt.subplots(1, len(networks), figsize=(5.5 * len(networks), 3.8), squeeze=False)
+    parts = {"compress_ms": "compression compute", "latency_ms": "latency (calls x alpha)",
+             "bytes_ms": "bytes (beta x bytes)"}  # fmt: skip
+    for ax, network in zip(axes[0], networks, strict=True):
+        rows = costs[costs["network"] == network].iloc[::-1]
+        left = pd.Series(0.0, index=rows.index)
+        for i, (column, label) in enumerate(parts.items()):
+            ax.barh(rows["hook"], rows[column], left=left, color=f"C{i}", label=label)
+            left += rows[column]
+        ax.set_xlabel("ms per step (the model, on the benchmark's alpha and beta)")
+        ax.set_title(network, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0, 0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"What each hook's communication costs per step\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig

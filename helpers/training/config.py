@@ -65,6 +65,9 @@ class TrainConfig:
     bucket_cap_mb: float | None = None
     comm_hook: CommHook = CommHook.ALLREDUCE
     powersgd_rank: int = 1
+    # PowerSGD compresses from this step on (2, the earliest: short timings); a training follows
+    # PyTorch's advice of about 10% of its steps first with comm_hooks.powersgd_start_iter
+    powersgd_start_iter: int = comm_hooks.POWERSGD_START_ITER
     # gradient accumulation: each worker's share of a global batch in this many micro-batches,
     # their gradients summed locally (DDP's no_sync()) and all-reduced once, after the last
     accumulation_steps: int = 1
@@ -156,6 +159,11 @@ def validate_communication(config: TrainConfig) -> None:
         raise ValueError(f"bucket_cap_mb must be positive (or None), got {config.bucket_cap_mb}")
     if config.powersgd_rank < 1:
         raise ValueError(f"powersgd_rank must be at least 1, got {config.powersgd_rank}")
+    if config.powersgd_start_iter < comm_hooks.POWERSGD_START_ITER:
+        raise ValueError(
+            f"powersgd_start_iter must be at least {comm_hooks.POWERSGD_START_ITER} (DDP "
+            f"rebuilds its buckets after step 1), got {config.powersgd_start_iter}"
+        )
     # shapes only, on the meta device: a check allocates no memory (a worker's peak resident
     # memory is its training's) and draws no random numbers from the caller's generator
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
@@ -170,7 +178,8 @@ def run_identity(config: TrainConfig) -> dict:
     """What makes two runs the same training, for refusing to resume another run's checkpoint
     (the world size is not in it: every world size does the same training)."""
     keys = ("global_batch", "epochs", "max_steps", "lr", "seed", "data", "sync", "optimizer",
-            "hidden", "hidden_layers", "accumulation_steps", "powersgd_rank", "seed_per_rank",
+            "hidden", "hidden_layers", "accumulation_steps", "powersgd_rank", "powersgd_start_iter",
+            "seed_per_rank",
             "order_per_rank")  # fmt: skip
     return {
         **{k: getattr(config, k) for k in keys},

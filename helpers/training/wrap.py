@@ -39,7 +39,9 @@ def wrap_ddp(model: nn.Module, config: TrainConfig, comm_log: list | None = None
     device = next(model.parameters()).device
     device_ids = None if device.type == "cpu" else [device]  # a GPU: the one it trains on
     ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
-    comm_hooks.register(ddp, config.comm_hook, config.powersgd_rank, comm_log)
+    comm_hooks.register(
+        ddp, config.comm_hook, config.powersgd_rank, comm_log, config.powersgd_start_iter
+    )
     return ddp
 
 def wrap_fsdp2(model: nn.Module, config: TrainConfig) -> nn.Module:

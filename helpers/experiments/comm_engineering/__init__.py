@@ -9,6 +9,9 @@
   overlap and compression (``model_step_seconds``, ``model_speedups``), and the goal: the best
   speed-up among the techniques that keep the accuracy (``best_within_tolerance``) beside the
   ceiling with communication free (``communication_free_ceiling``);
+* the knob study (``time_knobs``): pinning, ``gradient_as_bucket_view``, ``static_graph``, one
+  bucket, fp16, each alone and combined, against the ceiling measured with silent workers, and
+  one DDP step profiled beside a silent one (``profile_table``);
 * the activations autograd keeps for backward, counted (``activation_bytes``) and seen
   (``saved_activation_bytes``).
 
@@ -25,10 +28,20 @@ from helpers.experiments.comm_engineering.compression import (
     compression_seconds,
     train_hooks,
 )
+from helpers.experiments.comm_engineering.knobs import (
+    GOAL_SHARE,
+    KNOB_ROUNDS,
+    KNOBS,
+    Knob,
+    knob_table,
+    profile_table,
+    time_knobs,
+)
 from helpers.experiments.comm_engineering.step_model import (
     GIGABIT_BETA,
     QUIET_COMPUTE,
     activation_bytes,
+    calibrated_compute,
     communication_free_ceiling,
     deep_mlp,
     layer_of_parameters,
@@ -58,6 +71,7 @@ from helpers.experiments.comm_engineering.variants import (
     BATCHES,
     BUCKET_VARIANTS,
     HOOK_VARIANTS,
+    NO_COMMUNICATION,
     ONE_BUCKET_MB,
     REPEATS,
     TIMED_STEPS,
@@ -69,8 +83,11 @@ from helpers.experiments.comm_engineering.variants import (
 from helpers.training.model import GRADIENT_BYTES
 
 __all__ = [
-    "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_BETA", "GRADIENT_BYTES",
-    "HOOK_VARIANTS", "ONE_BUCKET_MB", "QUIET_COMPUTE", "REPEATS", "TIMED_STEPS", "UNTIMED_STEPS",
+    "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_BETA", "GOAL_SHARE",
+    "GRADIENT_BYTES", "HOOK_VARIANTS", "KNOB_ROUNDS", "KNOBS", "NO_COMMUNICATION", "Knob",
+    "calibrated_compute", "knob_table",
+    "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "REPEATS", "TIMED_STEPS",
+    "UNTIMED_STEPS",
     "Variant", "activation_bytes", "best_within_tolerance", "bytes_table",
     "collectives_per_bucket", "communication_free_ceiling", "compression_seconds", "deep_mlp",
     "layer_of_parameters",

@@ -12,7 +12,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from helpers.dist.comm_hooks import CommHook
+from helpers.data import load_har
+from helpers.dist.comm_hooks import CommHook, powersgd_start_iter
 from helpers.experiments.comm_engineering.variants import Variant
 from helpers.training import (
     RunResult,
@@ -20,6 +21,7 @@ from helpers.training import (
     run_trainings,
     torch_threads,
 )
+from helpers.training.config import total_steps
 from helpers.training.model import make_mlp
 
 # --------------------------------------------------------------------------- memory and compression
@@ -82,10 +84,14 @@ def compression_seconds(
 def train_hooks(
     variants: Sequence[Variant], base: TrainConfig, world: int = 2, threads_per_worker: int = 1
 ) -> list[RunResult]:
-    """The same training under each variant, in one launch, final weights returned."""
-    return run_trainings(
-        world, [replace(v.config(base), return_weights=True) for v in variants], threads_per_worker
-    )
+    """The same training under each variant, in one launch, final weights returned; PowerSGD
+    compresses after about 10% of the training's steps, as PyTorch advises
+    (``comm_hooks.powersgd_start_iter``)."""
+    n_samples = len(load_har(base.data, download=False).X_train)
+    start = powersgd_start_iter(total_steps(base, n_samples))
+    configs = [replace(v.config(base), return_weights=True, powersgd_start_iter=start)
+               for v in variants]  # fmt: skip
+    return run_trainings(world, configs, threads_per_worker)
 
 
 def best_within_tolerance(

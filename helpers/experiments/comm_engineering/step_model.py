@@ -14,7 +14,7 @@ from helpers.dist import buckets as bk
 from helpers.dist.comm_hooks import CommHook, bytes_per_step, collectives_per_bucket
 from helpers.dist.comm_model import AlphaBeta
 from helpers.experiments.comm_engineering.variants import Variant
-from helpers.experiments.scaling import ComputeModel
+from helpers.experiments.scaling import ComputeModel, fit_compute
 from helpers.training.model import gradient_bytes, make_mlp
 
 GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
@@ -82,20 +82,23 @@ def model_speedups(
     batches: Sequence[float],
     world: int = 2,
     compress_seconds: dict[str, float] | None = None,
+    parallel: ComputeModel | None = None,
 ) -> pd.DataFrame:
     """The model's speed-up over one worker (``compute.predict(B)``) of each variant at each
     global batch: ``model_step_seconds`` with the variant's buckets and hook, its bytes and calls,
-    and ``compress_seconds[variant name]`` of compression compute (0 where not given). Variants
-    with accumulation are left out: the model has no term for a micro-batch's fixed costs.
-    Columns variant, global_batch, speedup."""
+    and ``compress_seconds[variant name]`` of compression compute (0 where not given), each
+    worker's compute taken from ``parallel`` if given (``calibrated_compute``), else from
+    ``compute``. Variants with accumulation are left out: the model has no term for a
+    micro-batch's fixed costs. Columns variant, global_batch, speedup."""
     compress_seconds = compress_seconds or {}
+    parallel = parallel or compute
     rows = [
         {
             "variant": v.name,
             "global_batch": b,
             "speedup": compute.predict(b)
             / model_step_seconds(
-                compute,
+                parallel,
                 comm,
                 b,
                 world,
@@ -111,11 +114,29 @@ def model_speedups(
     ]
     return pd.DataFrame(rows)
 
-def communication_free_ceiling(compute: ComputeModel, global_batch: float, world: int = 2) -> float:
+def communication_free_ceiling(
+    compute: ComputeModel,
+    global_batch: float,
+    world: int = 2,
+    parallel: ComputeModel | None = None,
+) -> float:
     """The speed-up ``world`` workers would reach if communication cost nothing:
-    ``(c0 + c1 B) / (c0 + c1 B / N)``. No communication technique can go beyond it; for
-    ``c0 >= 0`` it lies between 1 and ``N``."""
-    return float(compute.predict(global_batch) / compute.predict(global_batch / world))
+    ``(c0 + c1 B) / (c0 + c1 B / N)``, the denominator from ``parallel`` if given (each worker's
+    compute while all run at once, ``calibrated_compute``). No communication technique can go
+    beyond it; for ``c0 >= 0`` and no ``parallel`` it lies between 1 and ``N``."""
+    parallel = parallel or compute
+    return float(compute.predict(global_batch) / parallel.predict(global_batch / world))
+
+
+def calibrated_compute(silent: pd.DataFrame, world: int = 2) -> ComputeModel:
+    """Each worker's ``c0 + c1 b`` on its share ``b = B / N`` while all ``world`` workers compute
+    at once, fitted on steps of workers that never communicate (``silent``: columns
+    global_batch, step_seconds; 2 batches or more). On shared cores it is slower than one worker
+    alone (memory bandwidth, caches, the operating system's other threads), and the model's
+    step should start from it, not from one worker's; ``c0`` is taken as at least 0."""
+    share = silent.assign(global_batch=silent["global_batch"] / world, world=1)
+    fit = fit_compute(share)
+    return ComputeModel(max(fit.c0, 0.0), fit.c1)
 
 def deep_mlp(layers: int, width: int = 1024) -> nn.Module:
     """An MLP of ``layers`` square layers on the meta device (shapes only, no memory)."""

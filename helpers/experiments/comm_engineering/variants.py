@@ -73,6 +73,10 @@ ACCUMULATION_VARIANTS = (
     Variant("4 micro-batches, all-reduce each", accumulation_steps=4, sync_every_micro_batch=True),
 )
 
+# the two workers with no communication at all: each trains alone on its half (the replicas
+# part); their step is each worker's compute while both run, the model's calibration
+NO_COMMUNICATION = Variant("2 workers, no communication", sync="none")
+
 def timing_config(global_batch: int, n_samples: int, data: str | None = None) -> TrainConfig:
     """A short training for timing: ``UNTIMED_STEPS`` then ``TIMED_STEPS`` steps."""
     steps = UNTIMED_STEPS + TIMED_STEPS

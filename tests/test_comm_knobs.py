@@ -1,0 +1,109 @@
+"""Notebook 07's knob study: every knob is on where it acts (DDP's own logging data, the threads'
+CPU affinity), the knobs that keep the arithmetic train default DDP's weights bit for bit, the
+model calibrated on silent steps, and PowerSGD's warm-up as PyTorch advises it."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+
+from helpers.dist.comm_hooks import POWERSGD_START_ITER, powersgd_start_iter
+from helpers.experiments import comm_engineering as ce
+from helpers.experiments.comm_engineering import knobs as kn
+from helpers.experiments.scaling import ComputeModel
+from helpers.training import TrainConfig, validate
+from helpers.training.model import GRADIENT_BYTES
+
+
+@pytest.fixture(scope="module")
+def study():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("pinning 2 workers to their own cores needs 2 cores")
+    return ce.time_knobs(rounds=1)
+
+
+def test_every_knob_is_on_where_it_acts(study):
+    table = ce.knob_table(study).set_index("variant")
+    for knob in ce.KNOBS:
+        row = table.loc[knob.name]
+        if not knob.ddp:
+            assert row["rebuilt_bucket_sizes"] == ""
+            continue
+        assert row["gradient_as_bucket_view"] == int(knob.gradient_as_bucket_view), knob.name
+        assert row["static_graph"] == int(knob.static_graph), knob.name
+        buckets = str(row["rebuilt_bucket_sizes"]).split(", ")
+        assert (buckets == [str(GRADIENT_BYTES)]) == knob.one_bucket, (knob.name, buckets)
+        assert (row["comm_hook"] == "fp16_compress_hook") == knob.fp16, knob.name
+        assert row["replicas_identical"], knob.name
+    cores = sorted(os.sched_getaffinity(0))
+    for rank, seen in enumerate(study["affinity"]):
+        for knob in ce.KNOBS:
+            # every thread of the worker, Gloo's included, on its own core, or all unpinned
+            expected = [[cores[rank]]] if knob.pin else [cores]
+            assert seen[knob.name] == expected, (rank, knob.name, seen[knob.name])
+
+
+def test_the_knobs_that_keep_the_arithmetic_train_default_ddps_weights_bit_for_bit(study):
+    for knob in ce.KNOBS:
+        gap = study["gaps"][knob.name]
+        if knob.same_math:
+            assert gap == 0.0, knob.name
+        else:  # fp16 rounds every gradient; silent workers train on half the data each
+            assert gap > 0.0, knob.name
+    # the share of the ceiling is the silent step over the variant's, 1 for the silent one
+    table = ce.knob_table(study).set_index("variant")
+    assert table.loc[kn.SILENT.name, "share_of_ceiling"] == pytest.approx(1.0)
+    profiled = ce.profile_table(study)
+    assert list(profiled.index) == [kn.SILENT.name, kn.DEFAULT.name]
+    # DDP copies each gradient into its bucket, scaled by 1/N, and issues all-reduces: a silent
+    # worker does neither
+    assert profiled.loc[kn.DEFAULT.name, "all-reduce calls"] > 0
+    assert profiled.loc[kn.SILENT.name, "all-reduce calls"] == 0
+    assert profiled.loc[kn.DEFAULT.name, "copies"] > profiled.loc[kn.SILENT.name, "copies"]
+
+
+def test_calibrated_compute_passes_through_the_silent_steps():
+    silent = pd.DataFrame({"global_batch": [256, 2048], "step_seconds": [0.020, 0.110]})
+    parallel = ce.calibrated_compute(silent)
+    assert parallel.predict(128) == pytest.approx(0.020)
+    assert parallel.predict(1024) == pytest.approx(0.110)
+    one = ComputeModel(0.0, 1.25e-4)  # 32 ms alone at 256
+    assert ce.communication_free_ceiling(one, 256, parallel=parallel) == pytest.approx(1.6)
+    # load that makes the line cross below 0 at no samples: c0 is taken as 0
+    assert ce.calibrated_compute(silent.assign(step_seconds=[0.010, 0.110])).c0 == 0.0
+
+
+def test_powersgd_starts_after_about_a_tenth_of_the_steps():
+    assert powersgd_start_iter(84) == 8
+    assert powersgd_start_iter(1000) == 100
+    assert powersgd_start_iter(7) == POWERSGD_START_ITER == 2
+    with pytest.raises(ValueError, match="powersgd_start_iter must be at least 2"):
+        validate(TrainConfig(powersgd_start_iter=1), 2, 7352)
+
+
+def test_the_figures_draw_every_row_and_name_the_data():
+    from helpers.notebook.plotting import plot_hook_costs, plot_knobs
+
+    costs = pd.DataFrame(
+        {"hook": ["none", "fp16"] * 2, "network": ["loopback"] * 2 + ["1 Gbit/s"] * 2,
+         "compress_ms": [0.0, 0.5, 0.0, 0.5], "latency_ms": [0.9] * 4,
+         "bytes_ms": [4.7, 2.4, 52.2, 26.1]}
+    )  # fmt: skip
+    fig = plot_hook_costs(costs, "DATA BANNER")
+    assert len(fig.axes) == 2 and "DATA BANNER" in fig.get_suptitle()
+    assert len(fig.axes[1].patches) == 6  # 2 hooks x 3 parts
+    bytes_bars = sorted(p.get_width() for p in fig.axes[1].patches[-2:])  # drawn last
+    assert bytes_bars == pytest.approx([26.1, 52.2])
+    knobs = pd.DataFrame(
+        {"variant": ["silent", "ddp"], "step_ms": [20.0, 25.0], "min_ms": [19.0, 24.0],
+         "max_ms": [21.0, 30.0], "share_of_ceiling": [1.0, 0.8]}
+    )  # fmt: skip
+    profiled = pd.DataFrame({"compute": [18.0, 19.0], "copies": [0.1, 1.5], "step_ms": [19, 24]},
+                            index=["silent", "ddp"])  # fmt: skip
+    fig = plot_knobs(knobs, profiled, "DATA BANNER", 0.9)
+    assert "DATA BANNER" in fig.get_suptitle()
+    bars = sorted(p.get_width() for p in fig.axes[0].patches)
+    assert bars == [0.8, 1.0]  # one bar per variant: its share of the ceiling
+    assert len(fig.axes[1].patches) == 4  # 2 steps x 2 parts, step_ms not stacked
