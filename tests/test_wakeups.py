@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -60,3 +62,19 @@ def test_probe_between_two_workers():
     assert (table["median_ms"] <= table["p75_ms"]).all()
     assert (table["voluntary"] >= 1).all()  # each call sleeps: Gloo does not busy-wait
     assert "gloo_tcp_loop" in table.attrs["woken"]  # Gloo's socket loop wakes every call
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_parent_takes_its_stopped_spinner_with_it():
+    code = (
+        "import os, signal\nfrom helpers.dist.wakeups import stopped_spinner\n"
+        "print(stopped_spinner().__enter__(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    stat = Path(f"/proc/{int(out.stdout)}/stat")
+    for _ in range(50):  # SIGKILL on the parent's death: dead (gone, or a zombie) at once
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+            return
+        time.sleep(0.1)
+    raise AssertionError("the spinner outlived the process that started it")

@@ -16,6 +16,7 @@ and involuntary ones (the scheduler took its core away).
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import os
 import platform
@@ -62,7 +63,8 @@ def kernel_hz(configs: Sequence[Path] | None = None) -> int | None:
 def _thread_switches() -> dict[int, tuple[int, int]]:
     """Voluntary and involuntary context switches of every thread of this process, by thread id."""
     counts: dict[int, tuple[int, int]] = {}
-    for task in Path("/proc/self/task").iterdir():
+    tasks = Path("/proc/self/task")
+    for task in tasks.iterdir() if tasks.is_dir() else []:  # Linux only: none elsewhere
         try:
             text = (task / "status").read_text()
         except OSError:  # the thread ended meanwhile
@@ -84,7 +86,7 @@ def _name(tid: int) -> str:
 
 def _pin(cores: set[int]) -> None:
     """Bind every thread of this process (Gloo's included) to ``cores``."""
-    for tid in _thread_switches():
+    for tid in _thread_switches():  # sched_setaffinity takes a thread's id on Linux
         try:
             os.sched_setaffinity(tid, cores)
         except OSError:
@@ -99,11 +101,13 @@ def probe_worker(
     Rank 0 lets the (stopped) spinner run for the conditions with a competitor, by SIGCONT and
     SIGSTOP. Returns one row per condition: the slowest rank's time per call, in seconds, and
     this rank's context switches per call, summed over its threads."""
-    everywhere = os.sched_getaffinity(0)
+    can_pin = hasattr(os, "sched_getaffinity")  # not on macOS: its conditions are left out
+    everywhere = os.sched_getaffinity(0) if can_pin else set()
     tensor = torch.zeros(nbytes // 4)
     rows = []
-    for pinned, competitor in CONDITIONS:
-        _pin({sorted(everywhere)[rank % len(everywhere)]} if pinned else everywhere)
+    for pinned, competitor in [c for c in CONDITIONS if can_pin or not c[0]]:
+        if can_pin:
+            _pin({sorted(everywhere)[rank % len(everywhere)]} if pinned else everywhere)
         if competitor and spinner_pid is not None and rank == 0:
             os.kill(spinner_pid, signal.SIGCONT)
         for _ in range(5):
@@ -131,14 +135,23 @@ def probe_worker(
             "voluntary": (self_after.ru_nvcsw - self_before.ru_nvcsw) / calls,
             "involuntary": (self_after.ru_nivcsw - self_before.ru_nivcsw) / calls,
         })
-    _pin(everywhere)
+    if can_pin:
+        _pin(everywhere)
     return rows
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGKILL it when its parent dies, stopped or not (a stopped
+    process would never notice that its parent is gone)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 @contextmanager
 def stopped_spinner() -> Iterator[int]:
     """A process that spins on one core, started stopped (SIGSTOP); its pid. Killed on exit."""
-    spinner = subprocess.Popen([sys.executable, "-c", _SPINNER])
+    linux = sys.platform.startswith("linux")
+    spinner = subprocess.Popen([sys.executable, "-c", _SPINNER],
+                               preexec_fn=_die_with_parent if linux else None)
     try:
         os.kill(spinner.pid, signal.SIGSTOP)
         os.waitpid(spinner.pid, os.WUNTRACED)  # returns once it is stopped
