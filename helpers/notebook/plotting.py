@@ -4,6 +4,8 @@ calls ``plt.show()``."""
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -337,8 +339,7 @@ def plot_weight_gaps(gaps: pd.DataFrame, atol: float, banner: str) -> Figure:
     ax.axhline(atol, color="black", ls="--", lw=1, label=f"tolerance, {atol:g}")
     ax.axhline(floor, color="grey", ls=":", lw=1, label="0: the same bits")
     ax.set_yscale("log")
-    ax.set_xticks(range(len(gaps)), [name.replace(": ", ":\n") for name in gaps.index],
-                  fontsize=8)
+    ax.set_xticks(range(len(gaps)), [textwrap.fill(name, 13) for name in gaps.index], fontsize=8)
     ax.set_ylabel("max |w - w(1 process)| in the tensor")
     ax.set_title(f"Each run's weights against one process's, tensor by tensor\n{banner}",
                  fontsize=10)
