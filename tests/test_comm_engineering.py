@@ -202,7 +202,7 @@ def test_the_goal_picks_the_fastest_technique_within_the_accuracy_tolerance():
 
 
 def test_plot_technique_speedups_draws_every_variant_and_names_the_data():
-    from helpers.notebook.plotting import plot_technique_speedups
+    from helpers.notebook.comm_plots import plot_technique_speedups
 
     measured = pd.DataFrame(
         {"variant": ["a", "a", "b", "b"], "global_batch": [256, 2048] * 2,

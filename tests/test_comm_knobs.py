@@ -84,7 +84,7 @@ def test_powersgd_starts_after_about_a_tenth_of_the_steps():
 
 
 def test_the_figures_draw_every_row_and_name_the_data():
-    from helpers.notebook.plotting import plot_hook_costs, plot_knobs
+    from helpers.notebook.comm_plots import plot_hook_costs, plot_knobs
 
     costs = pd.DataFrame(
         {"hook": ["none", "fp16"] * 2, "network": ["loopback"] * 2 + ["1 Gbit/s"] * 2,

@@ -21,7 +21,7 @@ from helpers.notebook.before_workers import draw_baselines
 
 # --------------------------------------------------------------------------- notebook 05: scaling
 
-_WORLD_COLOURS = {1: "C0", 2: "C1", 4: "C2", 8: "C3", 16: "C4"}
+WORLD_COLOURS = {1: "C0", 2: "C1", 4: "C2", 8: "C3", 16: "C4"}
 _SCALING_METRICS = {
     "speedup": ("Speed-up over 1 worker", "speed-up over 1 worker (x)"),
     "efficiency": ("Scaling efficiency", "efficiency = speed-up / workers (%)"),
@@ -52,23 +52,23 @@ def plot_scaling(
             group["global_batch"],
             group[metric],
             "o-",
-            color=_WORLD_COLOURS.get(world),
+            color=WORLD_COLOURS.get(world),
             label=f"measured, {world} workers",
         )
         if metric == "speedup":
             ax.axhline(
-                world, color=_WORLD_COLOURS.get(world), lw=1, ls=":", label=f"ideal, {world}x"
+                world, color=WORLD_COLOURS.get(world), lw=1, ls=":", label=f"ideal, {world}x"
             )
     highest = 0.0
     if baselines is not None:
-        highest = draw_baselines(ax, measured, baselines, metric, _WORLD_COLOURS)
+        highest = draw_baselines(ax, measured, baselines, metric, WORLD_COLOURS)
     for world, group in predicted[predicted["world"] > 1].groupby("world"):
         group = group.sort_values("global_batch")
         ax.plot(
             group["global_batch"],
             group[metric],
             "--",
-            color=_WORLD_COLOURS.get(world),
+            color=WORLD_COLOURS.get(world),
             label=f"model, {world} workers",
         )
     for world, group in published.groupby("world"):
@@ -78,7 +78,7 @@ def plot_scaling(
             "*",
             markersize=13,
             markerfacecolor="none",
-            color=_WORLD_COLOURS.get(world),
+            color=WORLD_COLOURS.get(world),
             label=f"{published_label}, {world} workers (not measured here)",
         )
     reference = "1 worker (break-even)" if metric == "speedup" else "ideal (100%)"
@@ -126,12 +126,12 @@ def plot_step_model(
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     batches = np.geomspace(table["global_batch"].min() / 2, table["global_batch"].max() * 2, 100)
     one = table[table["world"] == 1].sort_values("global_batch")
-    ax.plot(one["global_batch"], one["step_seconds"] * 1e3, "o", color=_WORLD_COLOURS[1],
+    ax.plot(one["global_batch"], one["step_seconds"] * 1e3, "o", color=WORLD_COLOURS[1],
             label="1 worker, measured")  # fmt: skip
-    ax.plot(batches, compute.predict(batches) * 1e3, "-", color=_WORLD_COLOURS[1],
+    ax.plot(batches, compute.predict(batches) * 1e3, "-", color=WORLD_COLOURS[1],
             label="1 worker, fitted c0 + c1 B")  # fmt: skip
     for world, comm in comms.items():
-        colour = _WORLD_COLOURS.get(world)
+        colour = WORLD_COLOURS.get(world)
         runs = table[table["world"] == world].sort_values("global_batch")
         ax.plot(runs["global_batch"], runs["step_seconds"] * 1e3, "o", color=colour,
                 label=f"{world} workers with DDP, measured")  # fmt: skip
@@ -197,44 +197,6 @@ def plot_replica_accuracies(
     ax.set_title(f"Each replica's test accuracy, {world} workers\n{banner}", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", ncols=world + 1)
     fig.tight_layout()
-    return fig
-
-
-# --------------------------------------------------------------------------- notebook 07: overlap
-
-
-def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
-    """One training step on one worker per panel: a row for compute (forward, each layer's
-    backward, the optimizer) and one for communication (each bucket's all-reduce), in
-    milliseconds from the step's start. Tables from ``comm_engineering.timeline_table``."""
-    fig, axes = plt.subplots(
-        len(timelines), 1, figsize=(9.0, 1.9 * len(timelines) + 0.6), squeeze=False
-    )
-    end = max(t["end_ms"].max() for t in timelines.values())
-    for ax, (name, table) in zip(axes[:, 0], timelines.items(), strict=True):
-        for y, row in enumerate(("communication", "compute")):
-            parts = table[table["row"] == row].reset_index(drop=True)
-            for k, part in parts.iterrows():
-                colour = f"C{k % 10}" if row == "compute" else ("C3" if k % 2 else "C1")
-                width = part["end_ms"] - part["start_ms"]
-                ax.broken_barh([(part["start_ms"], width)], (y - 0.35, 0.7), color=colour)
-                if width > 0.06 * end:
-                    label = part["what"].replace("backward ", "bwd ")
-                    ax.text(
-                        part["start_ms"] + width / 2,
-                        y,
-                        label,
-                        ha="center",
-                        va="center",
-                        fontsize=7,
-                        color="white",
-                    )
-        ax.set_yticks([0, 1], ["communication", "compute"])
-        ax.set_xlim(0, end * 1.02)
-        ax.set_title(name, fontsize=9, loc="left")
-        ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("milliseconds from the start of the step (rank 0)")
-    fig.suptitle(f"One training step: compute and communication\n{banner}", fontsize=10)
     return fig
 
 
@@ -320,128 +282,3 @@ def plot_traffic(table: pd.DataFrame, banner: str) -> Figure:
     fig.tight_layout()
     return fig
 
-# ------------------------------------------------------------ notebook 07: techniques, summary
-
-
-def plot_technique_speedups(
-    measured: pd.DataFrame,
-    model: pd.DataFrame,
-    panels: dict[str, list[str]],
-    banner: str,
-    ceiling: pd.DataFrame | None = None,
-    goal: tuple[int, float] | None = None,
-    world: int = 2,
-) -> Figure:
-    """Speed-up of ``world`` workers over one against the global batch (log-2 axis), one panel
-    per entry of ``panels`` (title: the variants it shows), one colour per variant, the same in
-    every panel: measured points as markers, the model as a line. ``measured`` and ``model`` have
-    columns variant, global_batch, speedup; ``ceiling`` (global_batch, speedup), the speed-up with
-    communication free, is drawn dotted in every panel, and ``goal`` (global batch, speed-up) as
-    a star."""
-    from math import ceil, floor, log2
-
-    from matplotlib.lines import Line2D
-
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(6.0 * len(panels), 6.0), sharey=True, squeeze=False
-    )
-    colours = {}
-    for names in panels.values():
-        for name in names:
-            colours.setdefault(name, f"C{len(colours) % 10}")
-    tops = [float(world), measured["speedup"].max(), model["speedup"].max()]
-    if ceiling is not None:
-        tops.append(ceiling["speedup"].max())
-    low, high = model["global_batch"].min(), model["global_batch"].max()
-    powers = {2**k for k in range(ceil(log2(low)), floor(log2(high)) + 1)}
-    batches = sorted(powers | {int(b) for b in measured["global_batch"]})
-    for ax, (title, names) in zip(axes[0], panels.items(), strict=True):
-        handles = []
-        for name in names:
-            colour = colours[name]
-            line = model[model["variant"] == name].sort_values("global_batch")
-            ax.plot(line["global_batch"], line["speedup"], "-", color=colour, lw=1.5)
-            points = measured[measured["variant"] == name].sort_values("global_batch")
-            ax.plot(points["global_batch"], points["speedup"], "o", color=colour, ms=7)
-            handles.append(Line2D([], [], color=colour, marker="o", lw=1.5, label=name))
-        if ceiling is not None:
-            c = ceiling.sort_values("global_batch")
-            handles += ax.plot(c["global_batch"], c["speedup"], ":", color="black", lw=1.5,
-                               label="communication free (the ceiling)")  # fmt: skip
-        if goal is not None:
-            label = f"goal: {goal[1]:g}x at {goal[0]}"
-            handles += ax.plot([goal[0]], [goal[1]], "*", color="black", ms=14,
-                               markerfacecolor="none", label=label)  # fmt: skip
-        handles.append(ax.axhline(1.0, color="grey", lw=1, label="1 worker (break-even)"))
-        handles.append(ax.axhline(world, color="grey", lw=1, ls="--", label=f"ideal, {world}x"))
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.minorticks_off()
-        ax.set_ylim(0, 1.1 * max(tops))
-        ax.set_xlabel("global batch size (samples per step, all workers together)")
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13),
-                  ncol=2)  # fmt: skip
-    axes[0, 0].set_ylabel(f"speed-up of {world} workers over 1 (x)")
-    fig.suptitle(
-        f"Speed-up of {world} workers against global batch: points measured (medians), lines the "
-        f"model\n{banner}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    return fig
-
-
-def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: float) -> Figure:
-    """Left: each variant's share of the communication-free ceiling (``knob_table``), its
-    rounds' spread as a line, the goal as a dashed line. Right: the profiled steps
-    (``profile_table``), milliseconds per step stacked by what the training's thread did."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.8), width_ratios=(3, 2))
-    rows = knobs.iloc[::-1]
-    silent_ms = knobs.loc[knobs["share_of_ceiling"].idxmax(), "step_ms"]
-    share = rows["share_of_ceiling"]
-    left.barh(rows["variant"], share, color=["C2" if s >= goal else "C0" for s in share])
-    silent = knobs["step_ms"] / knobs["share_of_ceiling"]  # the silent step, the same in each row
-    low, high = silent / knobs["max_ms"], silent / knobs["min_ms"]
-    left.hlines(knobs["variant"], low, high, color="black", lw=1)
-    left.axvline(goal, color="C3", ls="--", lw=1.5, label=f"goal: {goal:.0%} of the ceiling")
-    left.xaxis.set_major_formatter(PercentFormatter(1.0))
-    left.set_xlabel("share of the ceiling = silent step / step (line: fastest to slowest round)")
-    left.set_title(f"2 workers at global batch 256 (silent step {silent_ms:.1f} ms)", fontsize=10)
-    left.legend(fontsize=8, loc="lower right")
-    left.grid(axis="x", alpha=0.3)
-    bottom = pd.Series(0.0, index=profiled.index)
-    for i, part in enumerate(c for c in profiled.columns if c != "step_ms"):
-        right.bar(profiled.index, profiled[part], bottom=bottom, color=f"C{i}", label=part)
-        bottom += profiled[part]
-    right.set_ylabel("ms per step (the training's thread)")
-    right.set_title("One step profiled (torch.profiler)", fontsize=10)
-    right.legend(fontsize=8)
-    right.grid(axis="y", alpha=0.3)
-    fig.suptitle(f"What each knob buys, and where the time goes\n{banner}", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def plot_hook_costs(costs: pd.DataFrame, banner: str) -> Figure:
-    """Each hook's communication per step, stacked: its compression compute, its calls' latency
-    and its bytes' time, one panel per network (columns hook, network, compress_ms, latency_ms,
-    bytes_ms)."""
-    networks = list(dict.fromkeys(costs["network"]))
-    fig, axes = plt.subplots(1, len(networks), figsize=(5.5 * len(networks), 3.8), squeeze=False)
-    parts = {"compress_ms": "compression compute", "latency_ms": "latency (calls x alpha)",
-             "bytes_ms": "bytes (beta x bytes)"}  # fmt: skip
-    for ax, network in zip(axes[0], networks, strict=True):
-        rows = costs[costs["network"] == network].iloc[::-1]
-        left = pd.Series(0.0, index=rows.index)
-        for i, (column, label) in enumerate(parts.items()):
-            ax.barh(rows["hook"], rows[column], left=left, color=f"C{i}", label=label)
-            left += rows[column]
-        ax.set_xlabel("ms per step (the model, on the benchmark's alpha and beta)")
-        ax.set_title(network, fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-    axes[0, 0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"What each hook's communication costs per step\n{banner}", fontsize=10)
-    fig.tight_layout()
-    return fig

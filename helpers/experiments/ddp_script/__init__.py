@@ -16,6 +16,7 @@ from helpers.experiments.ddp_script.grade import (
     reference_batches,
     same_batches,
     seen,
+    tensor_gaps,
     visits,
     writers,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "same_batches",
     "seen",
     "template",
+    "tensor_gaps",
     "torchrun_command",
     "visits",
     "with_mistake",

@@ -157,3 +157,17 @@ def gap_table(
             "max |w - w_ref|": f"{weight_gap(weights, reference):.0e}",
         })  # fmt: skip
     return pd.DataFrame(rows).set_index("run")
+
+
+def tensor_gaps(runs: dict[str, ScriptRun], one_process: np.ndarray) -> pd.DataFrame:
+    """``max |w - w(1 process)|`` of rank 0's checkpoint, parameter tensor by parameter tensor
+    (one column per tensor of the MLP, in ``parameters()`` order; one row per run): where a
+    change of the training first shows, and whether rounding stays small in every layer."""
+    named = list(make_mlp().named_parameters())
+    bounds = np.cumsum([0] + [p.numel() for _, p in named])
+    rows = {}
+    for name, run in runs.items():
+        diff = np.abs(checkpoint_weights(run) - np.asarray(one_process))
+        spans = zip(named, bounds[:-1], bounds[1:], strict=True)
+        rows[name] = {n: float(diff[a:b].max()) for (n, _), a, b in spans}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("run")

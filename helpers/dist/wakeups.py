@@ -1,0 +1,195 @@
+"""Where the slow all-reduces of a loaded machine come from: waiting to be scheduled.
+
+An all-reduce between processes is a chain of wake-ups: the calling thread hands the work to
+Gloo's threads and sleeps, they send, sleep until the peer's bytes arrive, wake the caller. Each
+wake-up needs a free core. When every core is busy (the other worker, another program), the
+woken thread waits in the run queue until the scheduler takes the core from whatever runs
+there, which a kernel without forced preemption may do only at its next timer tick (every
+``1 / HZ`` seconds: 4 ms at ``HZ = 250``). A fraction of the calls then take a tick longer: a
+second mode, whatever the message size.
+
+``probe_wakeups`` times one all-reduce size many times in each of four conditions (each worker
+pinned to its own core or not; a spinning competitor or not), in one launch, and counts what the
+kernel records for every thread of each worker: voluntary context switches (the thread slept)
+and involuntary ones (the scheduler took its core away).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gzip
+import os
+import platform
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from helpers.dist.launch import launch
+
+# Stops by itself when the process that started it is gone, so a killed notebook leaves no
+# spinning process behind.
+_SPINNER = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
+# (each worker pinned to a core of its own, a spinning competitor running)
+CONDITIONS = ((False, False), (True, False), (False, True), (True, True))
+
+
+def kernel_hz(configs: Sequence[Path] | None = None) -> int | None:
+    """The kernel's timer frequency ``CONFIG_HZ``, read from its build configuration
+    (``/proc/config.gz`` or ``/boot/config-<release>``); ``None`` where neither is readable."""
+    if configs is None:
+        configs = [Path("/proc/config.gz"), Path(f"/boot/config-{platform.release()}")]
+    for path in configs:
+        try:
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt") as config:
+                for line in config:
+                    if line.startswith("CONFIG_HZ="):
+                        return int(line.split("=", 1)[1])
+        except OSError:
+            continue
+    return None
+
+
+def _thread_switches() -> dict[int, tuple[int, int]]:
+    """Voluntary and involuntary context switches of every thread of this process, by thread id."""
+    counts: dict[int, tuple[int, int]] = {}
+    tasks = Path("/proc/self/task")
+    for task in tasks.iterdir() if tasks.is_dir() else []:  # Linux only: none elsewhere
+        try:
+            text = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        counts[int(task.name)] = (
+            int(fields["voluntary_ctxt_switches"]),
+            int(fields["nonvoluntary_ctxt_switches"]),
+        )
+    return counts
+
+
+def _name(tid: int) -> str:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _pin(cores: set[int]) -> None:
+    """Bind every thread of this process (Gloo's included) to ``cores``."""
+    for tid in _thread_switches():  # sched_setaffinity takes a thread's id on Linux
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:
+            pass
+
+
+def probe_worker(
+    rank: int, world_size: int, nbytes: int, calls: int, spinner_pid: int | None
+) -> list[dict[str, Any]]:
+    """Worker: time ``calls`` all-reduces of ``nbytes`` in each of ``CONDITIONS``.
+
+    Rank 0 lets the (stopped) spinner run for the conditions with a competitor, by SIGCONT and
+    SIGSTOP. Returns one row per condition: the slowest rank's time per call, in seconds, and
+    this rank's context switches per call, summed over its threads."""
+    can_pin = hasattr(os, "sched_getaffinity")  # not on macOS: its conditions are left out
+    everywhere = os.sched_getaffinity(0) if can_pin else set()
+    tensor = torch.zeros(nbytes // 4)
+    rows = []
+    for pinned, competitor in [c for c in CONDITIONS if can_pin or not c[0]]:
+        if can_pin:
+            _pin({sorted(everywhere)[rank % len(everywhere)]} if pinned else everywhere)
+        if competitor and spinner_pid is not None and rank == 0:
+            os.kill(spinner_pid, signal.SIGCONT)
+        for _ in range(5):
+            dist.all_reduce(tensor)
+        before, self_before = _thread_switches(), resource.getrusage(resource.RUSAGE_SELF)
+        times = torch.empty(calls, dtype=torch.float64)
+        for i in range(calls):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            times[i] = time.perf_counter() - start
+        after, self_after = _thread_switches(), resource.getrusage(resource.RUSAGE_SELF)
+        dist.barrier()
+        if competitor and spinner_pid is not None and rank == 0:
+            os.kill(spinner_pid, signal.SIGSTOP)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        per_thread = {t: (after[t][0] - before.get(t, (0, 0))[0],
+                          after[t][1] - before.get(t, (0, 0))[1]) for t in after}
+        rows.append({
+            "cores": "one each" if pinned else "any",
+            "competitor": competitor,
+            "times": times.tolist(),
+            "threads": len(after),
+            "woken": sorted(_name(t) for t, (v, i) in per_thread.items() if v + i >= calls // 2),
+            "voluntary": (self_after.ru_nvcsw - self_before.ru_nvcsw) / calls,
+            "involuntary": (self_after.ru_nivcsw - self_before.ru_nivcsw) / calls,
+        })
+    if can_pin:
+        _pin(everywhere)
+    return rows
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGKILL it when its parent dies, stopped or not (a stopped
+    process would never notice that its parent is gone)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+@contextmanager
+def stopped_spinner() -> Iterator[int]:
+    """A process that spins on one core, started stopped (SIGSTOP); its pid. Killed on exit."""
+    linux = sys.platform.startswith("linux")
+    spinner = subprocess.Popen([sys.executable, "-c", _SPINNER],
+                               preexec_fn=_die_with_parent if linux else None)
+    try:
+        os.kill(spinner.pid, signal.SIGSTOP)
+        os.waitpid(spinner.pid, os.WUNTRACED)  # returns once it is stopped
+        yield spinner.pid
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def probe_wakeups(nbytes: int = 65536, calls: int = 120) -> pd.DataFrame:
+    """Time ``calls`` all-reduces of ``nbytes`` between 2 workers in each of ``CONDITIONS``.
+
+    One row per condition: quartiles of the call times (ms), the share of calls slower than
+    half a timer tick (or 2 ms where ``HZ`` is unknown), and per call and worker the context
+    switches, voluntary and involuntary, summed over the worker's threads."""
+    if calls < 4 or nbytes < 4:
+        raise ValueError(f"need calls >= 4 and nbytes >= 4, got {calls} and {nbytes}")
+    hz = kernel_hz()
+    slow = 0.5 / hz if hz else 2e-3
+    with stopped_spinner() as pid:
+        ranks = launch(probe_worker, 2, nbytes, calls, pid)
+    rows = []
+    for j, row in enumerate(ranks[0]):
+        times = torch.tensor(row["times"], dtype=torch.float64)
+        q = times.quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)) * 1e3
+        rows.append({
+            "cores": row["cores"],
+            "competitor": "spinning" if row["competitor"] else "none",
+            "median_ms": q[1].item(),
+            "p25_ms": q[0].item(),
+            "p75_ms": q[2].item(),
+            "slow_share": (times > slow).double().mean().item(),
+            "threads": max(r[j]["threads"] for r in ranks),
+            "woken": len(ranks[0][j]["woken"]),
+            "voluntary": sum(r[j]["voluntary"] for r in ranks) / len(ranks),
+            "involuntary": sum(r[j]["involuntary"] for r in ranks) / len(ranks),
+        })
+    table = pd.DataFrame(rows)
+    table.attrs.update(hz=hz, slow_ms=slow * 1e3, times=[r["times"] for r in ranks[0]],
+                       woken=ranks[0][0]["woken"])
+    return table

@@ -1,0 +1,80 @@
+"""The wake-up probe of notebook 02: the kernel's HZ, per-thread context switches, the spinner
+that leaves nothing behind, and one small run of the probe between 2 real workers."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.dist.wakeups import (
+    CONDITIONS,
+    _thread_switches,
+    kernel_hz,
+    probe_wakeups,
+    stopped_spinner,
+)
+
+
+def test_kernel_hz_reads_a_build_configuration(tmp_path: Path):
+    plain, packed = tmp_path / "config-x", tmp_path / "config.gz"
+    plain.write_text("CONFIG_HZ_300=y\nCONFIG_HZ=300\n")
+    with gzip.open(packed, "wt") as f:
+        f.write("# CONFIG_HZ_1000 is not set\nCONFIG_HZ=250\n")
+    assert kernel_hz([plain]) == 300
+    assert kernel_hz([tmp_path / "missing", packed]) == 250  # the first readable one
+    assert kernel_hz([tmp_path / "missing"]) is None
+
+
+def test_a_sleep_is_a_voluntary_switch_of_this_thread():
+    me = _thread_switches()[_main_tid()]
+    time.sleep(0.01)
+    after = _thread_switches()[_main_tid()]
+    assert after[0] >= me[0] + 1
+
+
+def _main_tid() -> int:
+    return os.getpid()  # the main thread's id is the process's
+
+
+def test_the_spinner_is_stopped_then_gone():
+    with stopped_spinner() as pid:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state == "T"  # stopped: it takes no core until a worker lets it run
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_probe_refuses_too_few_calls():
+    with pytest.raises(ValueError, match="calls >= 4"):
+        probe_wakeups(calls=2)
+
+
+def test_probe_between_two_workers():
+    table = probe_wakeups(nbytes=4096, calls=8)
+    assert len(table) == len(CONDITIONS)
+    assert all(len(times) == 8 for times in table.attrs["times"])
+    assert (table["p25_ms"] <= table["median_ms"]).all()
+    assert (table["median_ms"] <= table["p75_ms"]).all()
+    assert (table["voluntary"] >= 1).all()  # each call sleeps: Gloo does not busy-wait
+    assert "gloo_tcp_loop" in table.attrs["woken"]  # Gloo's socket loop wakes every call
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_parent_takes_its_stopped_spinner_with_it():
+    code = (
+        "import os, signal\nfrom helpers.dist.wakeups import stopped_spinner\n"
+        "print(stopped_spinner().__enter__(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    stat = Path(f"/proc/{int(out.stdout)}/stat")
+    for _ in range(50):  # SIGKILL on the parent's death: dead (gone, or a zombie) at once
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+            return
+        time.sleep(0.1)
+    raise AssertionError("the spinner outlived the process that started it")
