@@ -130,12 +130,18 @@ print(json.dumps(train_in_process(config, threads=1).checksums[0]))
 """
 
 
+def _native_env() -> dict[str, str]:
+    """This environment without the simulated processor's variables: a fresh process runs
+    natively even where this one does not."""
+    return {k: v for k, v in os.environ.items() if k not in OTHER_PROCESSOR}
+
+
 def fresh_checksums(runs: dict[str, dict[str, str]], data: str) -> dict[str, float]:
     """``SHORT``'s training (1 thread) in a fresh Python process per entry of ``runs`` (name:
     extra environment), all at once. The simulated processor's variables are removed from the
     environment first, so that an entry without them runs natively even when this process
     does not."""
-    base = {k: v for k, v in os.environ.items() if k not in OTHER_PROCESSOR}
+    base = _native_env()
     procs = {
         name: subprocess.Popen([sys.executable, "-c", _TRAIN, data], env={**base, **extra},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -154,7 +160,7 @@ def native_capability() -> str:
     """The CPU capability ATen picks in a fresh process without the simulated processor's
     variables ("AVX512", "AVX2", "DEFAULT", ...): where it is already "DEFAULT", the variables
     select no other kernels, and the two processors may round alike."""
-    base = {k: v for k, v in os.environ.items() if k not in OTHER_PROCESSOR}
+    base = _native_env()
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
     done = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True,
                           timeout=120, check=True)  # fmt: skip
