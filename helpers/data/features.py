@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import ndimage, signal
 
 FS = 50.0  # Hz, both sensors
 WINDOW = 128  # samples: 2.56 s
@@ -50,6 +49,9 @@ def _lowpass(x: np.ndarray, cutoff: float) -> np.ndarray:
     (sosfiltfilt) is 0.26 off: a causal 0.3 Hz filter lags, so the body acceleration keeps some
     of every slow change of posture, which widens the range that scaling maps to [-1, 1].
     """
+    from scipy import signal  # here, not at the top: training workers never filter, and scipy
+    #                            costs every spawned worker about a second to import
+
     sos = signal.butter(3, cutoff, fs=FS, output="sos")
     return signal.sosfilt(sos, x, axis=-1)
 
@@ -66,6 +68,8 @@ def body_signals(acc: np.ndarray, gyro: np.ndarray) -> dict[str, np.ndarray]:
     low-pass remove noise; gravity is the acceleration below 0.3 Hz and the body acceleration the
     rest; the gyroscope is not split (tBodyGyro is the filtered gyroscope).
     """
+    from scipy import ndimage  # imported here for the reason _lowpass gives
+
     acc = _lowpass(ndimage.median_filter(acc, size=(1, 3), mode="nearest"), NOISE_CUTOFF)
     gyro = _lowpass(ndimage.median_filter(gyro, size=(1, 3), mode="nearest"), NOISE_CUTOFF)
     gravity = _lowpass(acc, GRAVITY_CUTOFF)

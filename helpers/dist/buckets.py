@@ -25,13 +25,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import torch.distributed as dist
 from torch import nn
 
 from helpers.dist.comm_model import AlphaBeta
+
+if TYPE_CHECKING:  # pandas only for tables: every training worker imports this module
+    import pandas as pd
 
 MIB = 1024 * 1024
 DEFAULT_BUCKET_CAP_MB = 25  # DDP's default bucket_cap_mb
@@ -69,6 +72,8 @@ def bucket_plan(model: nn.Module, bucket_cap_mb: float | None = None) -> list[Bu
 
 def bucket_table(buckets: Sequence[Bucket]) -> pd.DataFrame:
     """A plan for reading: bucket, its tensors, bytes."""
+    import pandas as pd
+
     return pd.DataFrame(
         [{"bucket": b.index, "tensors": ", ".join(b.names), "bytes": b.nbytes} for b in buckets]
     )

@@ -38,9 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from helpers.data.files import atomic_write, remove_stale
 from helpers.dist.collectives import mean_over_ranks
@@ -160,6 +158,10 @@ class Checkpointer:
         step_in_epoch: int,
         step: int,
     ) -> dict:
+        # DCP here, not at the top: it imports DTensor, a second a worker, and a training that
+        # never checkpoints has no use for it
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
         model_state, optimizer_state = get_state_dict(model, optimizer)
         return {
             "model": model_state,
@@ -182,6 +184,9 @@ class Checkpointer:
         path = self._agreed_latest()
         if path is None:
             return 0
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
         state = self._state(model, optimizer, losses, 0, 0, 0)
         dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
         set_state_dict(
@@ -284,6 +289,8 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
         _barrier()
+        import torch.distributed.checkpoint as dcp
+
         # every rank writes its part, then rank 0 the .metadata that makes it readable
         dcp.save(state, checkpoint_id=partial, no_dist=not dist.is_initialized())
         if kill_before_rename:

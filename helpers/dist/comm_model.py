@@ -17,13 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from helpers.dist.collectives import time_allreduce
 from helpers.dist.cores import default_threads_per_worker, plan_world_sizes
 from helpers.dist.launch import launch
+
+if TYPE_CHECKING:  # pandas only for tables: every training worker imports this module
+    import pandas as pd
 
 # 4 KiB, 8 KiB, ..., 16 MiB: from latency-bound to bandwidth-bound messages, evenly spaced on a
 # log scale, so that small and large messages weigh alike in the fit.
@@ -133,6 +136,8 @@ def measure_allreduce(
     if not running:
         reasons = "; ".join(p.reason for p in plans)
         raise ValueError(f"no world size fits this machine: {reasons}")
+    import pandas as pd
+
     frames = []
     for plan in running:
         rows = launch(
