@@ -1,6 +1,7 @@
 """How many cores the course may use and how it splits them: worker processes times threads per
 worker never exceed the cores unless asked (``oversubscribe``), since timings on oversubscribed
-cores measure contention, not scaling."""
+cores measure contention, not scaling; and binds a worker's threads to cores (``pin_threads``),
+for the measurements that compare pinned with free threads."""
 
 from __future__ import annotations
 
@@ -172,3 +173,28 @@ def threads_per_core() -> int | None:
         except OSError:
             return None
     return max(1, round(len(cpus) / len(cores)))
+
+
+def pin_threads(cpus: set[int]) -> int:
+    """Set the affinity of every thread of this process, those Gloo started at
+    ``init_process_group`` included (``sched_setaffinity`` on a thread id acts on that thread
+    only; threads started later inherit their creator's). Returns how many threads it set."""
+    pinned = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            pinned += 1
+        except (ProcessLookupError, FileNotFoundError):  # a thread that has just exited
+            continue
+    return pinned
+
+
+def thread_affinities() -> set[frozenset[int]]:
+    """The distinct CPU sets of this process's threads (Linux: ``/proc/self/task``)."""
+    found = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            found.add(frozenset(os.sched_getaffinity(int(tid))))
+        except (ProcessLookupError, FileNotFoundError):
+            continue
+    return found

@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from helpers.dist.cores import pin_threads
 from helpers.dist.launch import launch
 
 # Stops by itself when the process that started it is gone, so a killed notebook leaves no
@@ -84,15 +85,6 @@ def _name(tid: int) -> str:
         return "?"
 
 
-def _pin(cores: set[int]) -> None:
-    """Bind every thread of this process (Gloo's included) to ``cores``."""
-    for tid in _thread_switches():  # sched_setaffinity takes a thread's id on Linux
-        try:
-            os.sched_setaffinity(tid, cores)
-        except OSError:
-            pass
-
-
 def probe_worker(
     rank: int, world_size: int, nbytes: int, calls: int, spinner_pid: int | None
 ) -> list[dict[str, Any]]:
@@ -107,7 +99,7 @@ def probe_worker(
     rows = []
     for pinned, competitor in [c for c in CONDITIONS if can_pin or not c[0]]:
         if can_pin:
-            _pin({sorted(everywhere)[rank % len(everywhere)]} if pinned else everywhere)
+            pin_threads({sorted(everywhere)[rank % len(everywhere)]} if pinned else everywhere)
         if competitor and spinner_pid is not None and rank == 0:
             os.kill(spinner_pid, signal.SIGCONT)
         for _ in range(5):
@@ -136,7 +128,7 @@ def probe_worker(
             "involuntary": (self_after.ru_nivcsw - self_before.ru_nivcsw) / calls,
         })
     if can_pin:
-        _pin(everywhere)
+        pin_threads(everywhere)
     return rows
 
 

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
 from helpers.data import load_har
+from helpers.dist.cores import pin_threads, thread_affinities
 from helpers.dist.launch import launch
 from helpers.experiments.comm_engineering.variants import ONE_BUCKET_MB
 from helpers.training.metrics import weights_digest
@@ -73,31 +74,6 @@ KNOBS = (
     Knob("all", pin=True, gradient_as_bucket_view=True, static_graph=True, one_bucket=True,
          fp16=True),
 )  # fmt: skip
-
-
-def pin_threads(cpus: set[int]) -> int:
-    """Set the affinity of every thread of this process, those Gloo started at
-    ``init_process_group`` included (``sched_setaffinity`` on a thread id acts on that thread
-    only; threads started later inherit their creator's). Returns how many threads it set."""
-    pinned = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-            pinned += 1
-        except (ProcessLookupError, FileNotFoundError):  # a thread that has just exited
-            continue
-    return pinned
-
-
-def thread_affinities() -> set[frozenset[int]]:
-    """The distinct CPU sets of this process's threads."""
-    found = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            found.add(frozenset(os.sched_getaffinity(int(tid))))
-        except (ProcessLookupError, FileNotFoundError):
-            continue
-    return found
 
 
 def build(knob: Knob, rank: int) -> nn.Module:
