@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import goes_wrong_workers
 import numpy as np
 import pandas as pd
 import pytest
@@ -154,13 +153,43 @@ def test_first_divergence_reads_flight_records():
         hangs.first_divergence(table({0: ["a"], 1: ["a"]}))
 
 
+DETAIL_DDP = """
+import sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+print(dist.get_debug_level(), flush=True)
+DDP(torch.nn.Linear(4, 2))(torch.ones(3, 4)).sum().backward()
+print("trained", flush=True)
+"""
+
+
+def _detail_script(tmp_path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", DETAIL_DDP, str(tmp_path / "rendezvous")],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.slow
-def test_detail_still_crashes_ddp_on_gloo():
+def test_detail_still_crashes_ddp_on_gloo(tmp_path):
     """Notebook 11 says TORCH_DISTRIBUTED_DEBUG=DETAIL makes DDP's constructor crash (SIGSEGV)
-    in torch 2.13: when this fails, a release fixed it, and the notebook should say so."""
-    with hangs.worker_environment(TORCH_DISTRIBUTED_DEBUG="DETAIL"), \
-            pytest.raises(WorkerError, match=r"died \(exit code -11\)"):  # fmt: skip
-        launch(goes_wrong_workers.ddp_construct, 2)
+    in torch 2.13, in a plain one-process script, not only under the course's launcher: when
+    this fails, a release fixed it, and the notebook should say so."""
+    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
+    crashed = _detail_script(tmp_path, env)
+    assert crashed.stdout.split() == ["DebugLevel.DETAIL"]  # the level took, then DDP crashed
+    assert crashed.returncode == -11, crashed.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_debug_level_is_read_when_torch_is_imported(tmp_path):
+    """Notebook 11 says that setting TORCH_DISTRIBUTED_DEBUG after ``import torch`` does
+    nothing (which makes DETAIL look harmless in a quick test)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DISTRIBUTED_DEBUG"}
+    late = DETAIL_DDP.replace("from torch.nn", "import os; os.environ['TORCH_DISTRIBUTED_DEBUG']"
+                              " = 'DETAIL'\nfrom torch.nn")
+    done = subprocess.run([sys.executable, "-c", late, str(tmp_path / "rendezvous")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["DebugLevel.OFF", "trained"]
 
 
 def test_default_timeouts_are_read_from_torch():
