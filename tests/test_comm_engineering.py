@@ -221,3 +221,19 @@ def test_plot_technique_speedups_draws_every_variant_and_names_the_data():
     assert "communication free (the ceiling)" in labels
     assert len(fig.axes[0].get_lines()) >= 2  # a's model line and its measured points
     assert fig.axes[1].get_xscale() == "log"
+
+
+def test_plot_overlap_depth_draws_both_settings_per_network_and_names_the_data():
+    from helpers.notebook.comm_plots import plot_overlap_depth
+
+    table = pd.DataFrame({"layers": [2, 8, 32], "speedup_no_overlap": [1.4, 1.45, 1.47],
+                          "speedup_overlap": [1.6, 1.5, 1.9]})  # fmt: skip
+    fig = plot_overlap_depth({"loopback": table, "1 Gbit/s": table}, "DATA BANNER")
+    ax = fig.axes[0]
+    assert "DATA BANNER" in ax.get_title() and ax.get_xscale() == "log"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["loopback, with overlap", "loopback, without overlap",
+                      "1 Gbit/s, with overlap", "1 Gbit/s, without overlap"]  # fmt: skip
+    drawn = [line for line in ax.get_lines() if line.get_label() in labels]
+    assert list(drawn[0].get_ydata()) == [1.6, 1.5, 1.9]
+    assert list(drawn[1].get_ydata()) == [1.4, 1.45, 1.47]

@@ -14,8 +14,8 @@ is ready in backward, and returns a future of the averaged bucket. PyTorch ships
 
 Two limits, checked by ``check_hook`` before any worker starts:
 
-* PyTorch refuses ``bf16_compress_hook`` unless the build has CUDA 11+ (or ROCm) with NCCL 2.10+,
-  or XPU with XCCL (``bf16_hook_supported``): a question of the build, not of the backend;
+* PyTorch refuses ``bf16_compress_hook`` unless the build has CUDA or ROCm with NCCL 2.10+, or
+  XCCL with an XPU present (``bf16_hook_supported``): a question of the build, not of the backend;
 * PowerSGD issues its second and third all-reduce of a bucket from the *completion callback* of
   the one before. On Gloo a callback runs on Gloo's own thread when the collective has finished,
   at a moment that differs from rank to rank, while the next bucket's all-reduce is issued from
@@ -62,9 +62,10 @@ class CommHook(enum.Enum):
 
 def bf16_hook_supported() -> bool:
     """What ``DistributedDataParallel.register_comm_hook`` itself checks before it accepts
-    ``bf16_compress_hook`` (torch 2.13): a CUDA or ROCm build with NCCL 2.10 or later, or XPU with
-    XCCL. A property of the build, not of the backend a group uses: a CPU-only build refuses it
-    whatever the backend, a CUDA build accepts it even for a Gloo group."""
+    ``bf16_compress_hook`` (torch 2.13): a CUDA or ROCm build with NCCL 2.10 or later (whatever
+    its error message says of CUDA 11), or XCCL with an XPU present at run time. A property of
+    the build, not of the backend a group uses: a CPU-only build refuses it whatever the backend,
+    a CUDA build accepts it even for a Gloo group."""
     cuda_build = torch.version.cuda is not None or torch.version.hip is not None
     nccl = (
         dist.is_available() and dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10)
@@ -80,8 +81,8 @@ def check_hook(
     this many buckets (see the module's docstring). Called before any worker starts."""
     if hook is CommHook.BF16 and not bf16_hook_supported():
         raise ValueError(
-            "this PyTorch build refuses bf16_compress_hook (it needs a CUDA 11+ build with NCCL "
-            "2.10+, or XPU with XCCL); use CommHook.FP16"
+            "this PyTorch build refuses bf16_compress_hook (it needs a CUDA or ROCm build with "
+            "NCCL 2.10+, or XCCL with an XPU present); use CommHook.FP16"
         )
     if backend == "gloo" and hook is CommHook.POWER_SGD and n_buckets > 1:
         size = f"{math.ceil(gradient_bytes / MIB)}" if gradient_bytes else "the gradient's MiB"

@@ -172,3 +172,26 @@ def plot_hook_costs(costs: pd.DataFrame, banner: str) -> Figure:
     fig.suptitle(f"What each hook's communication costs per step\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ notebook 07: deeper models
+
+
+def plot_overlap_depth(deep: dict[str, pd.DataFrame], banner: str, world: int = 2) -> Figure:
+    """The model's speed-up against the number of layers, with overlap (solid) and without it
+    (dashed), one colour per network: the tables of ``comm_engineering.overlap_table``."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    for k, (network, table) in enumerate(deep.items()):
+        colour = f"C{k}"
+        ax.plot(table["layers"], table["speedup_overlap"], "o-", color=colour,
+                label=f"{network}, with overlap")
+        ax.plot(table["layers"], table["speedup_no_overlap"], "s--", color=colour,
+                label=f"{network}, without overlap")  # fmt: skip
+    ax.axhline(world, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("square layers of width 1024")
+    ax.set_ylabel(f"speed-up of {world} workers (model)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Overlap against depth, modelled\nmodel fitted to {banner}", fontsize=10)
+    return fig

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(speedup_text(speedup_table(timed, one)))
     print(f"load average {os.getloadavg()}")
-    reference = Variant(f"one bucket ({ONE_BUCKET_MB} MiB)", bucket_cap_mb=ONE_BUCKET_MB)
+    reference = Variant(f"one bucket (cap {ONE_BUCKET_MB} MiB)", bucket_cap_mb=ONE_BUCKET_MB)
     variants = (reference,) + HOOK_VARIANTS
     for seed in args.seeds:
         runs = train_hooks(variants, TrainConfig(epochs=args.epochs, seed=seed, data=args.data))
