@@ -5,6 +5,8 @@ Each returns its figure, titled with the source of its data; the notebook calls 
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -142,6 +144,7 @@ def plot_bf16_times(table: pd.DataFrame, source: str) -> Figure:
     ax.set_xlabel("CPU milliseconds of one thread (log scale)")
     ax.grid(axis="x", alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper right")
+    source = textwrap.fill(source, 90)  # a long source would widen the figure, not the plot
     ax.set_title(f"One 256 x 1024 by 1024 x 1024 product: bf16 against float32\n{source}",
                  fontsize=10)  # fmt: skip
     fig.tight_layout()
