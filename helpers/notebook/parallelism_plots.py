@@ -1,8 +1,11 @@
 """Notebook 09's figures: a pipeline step's timeline per stage, the bubble against the number of
-micro-batches, and the modelled step time of each parallelism against the link's bandwidth.
+micro-batches, the activations each schedule keeps, bf16 against float32 per instruction set,
+and the modelled step time of each parallelism against the link's bandwidth.
 Each returns its figure, titled with the source of its data; the notebook calls ``plt.show()``."""
 
 from __future__ import annotations
+
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -94,5 +97,55 @@ def plot_link_sweeps(sweeps: dict[str, pd.DataFrame], source: str,
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle(f"Which parallelism when: modelled step time per link\n{source}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_activation_peaks(peaks: pd.DataFrame, source: str) -> Figure:
+    """One panel per stage: the MB of activations its autograd graph held at its peak, against
+    the micro-batches ``m``, one line per schedule. ``peaks``: columns schedule, m, stage and
+    "activations MB" (one row per schedule, m and stage)."""
+    stages = sorted(peaks["stage"].unique())
+    fig, axes = plt.subplots(1, len(stages), figsize=(4.4 * len(stages), 3.8), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, stage in zip(axes[0], stages, strict=True):
+        for i, (name, rows) in enumerate(peaks[peaks["stage"] == stage].groupby("schedule")):
+            rows = rows.sort_values("m")
+            ax.plot(rows["m"], rows["activations MB"], "o-", color=f"C{i}", label=name)
+        ms = np.unique(peaks["m"])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(v) for v in ms])
+        ax.set_xlabel("micro-batches per step, m")
+        ax.set_title(f"stage {stage}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylim(0, 1.15 * peaks["activations MB"].max())
+    axes[0, 0].set_ylabel("peak activations saved (MB)")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"Activations kept for the backward, per stage: GPipe against 1F1B\n{source}",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def plot_bf16_times(table: pd.DataFrame, source: str) -> Figure:
+    """Per processor (rows of ``table``), the CPU milliseconds of one product in float32 and in
+    bf16 (columns), as bars on a log axis: where bf16 pays, and where it costs."""
+    fig, ax = plt.subplots(figsize=(8.0, 3.6))
+    y = np.arange(len(table))
+    for i, dtype in enumerate(table.columns):
+        ax.barh(y + (i - 0.5) * 0.38, table[dtype], 0.36, color=f"C{i}", label=dtype)
+        for row, value in zip(y, table[dtype], strict=True):
+            ax.annotate(f"{value:.1f}", (value, row + (i - 0.5) * 0.38), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+    ax.set_yticks(y, table.index, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlim(right=ax.get_xlim()[1] * 3)
+    ax.set_xlabel("CPU milliseconds of one thread (log scale)")
+    ax.grid(axis="x", alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper right")
+    source = textwrap.fill(source, 90)  # a long source would widen the figure, not the plot
+    ax.set_title(f"One 256 x 1024 by 1024 x 1024 product: bf16 against float32\n{source}",
+                 fontsize=10)  # fmt: skip
     fig.tight_layout()
     return fig

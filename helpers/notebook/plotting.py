@@ -226,6 +226,38 @@ def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
 
 
 
+def plot_zero_stages(param_bytes: float, optimizer: str, world_sizes: list[int],
+                     source: str) -> Figure:  # fmt: skip
+    """One panel per world size: the MB a worker holds at each ZeRO stage (0 is DDP), stacked
+    by parameters, gradients and optimizer state, from ``memory.expected_bytes``: a model's
+    arithmetic, which the measured bars of ``plot_state_held`` then test."""
+    from helpers.experiments.memory import MB, STAGES, expected_bytes
+
+    fig, axes = plt.subplots(1, len(world_sizes), figsize=(3.2 * len(world_sizes) + 1.2, 3.8),
+                             sharey=True, squeeze=False)  # fmt: skip
+    for ax, n in zip(axes[0], world_sizes, strict=True):
+        held = [expected_bytes(param_bytes, optimizer, n, stage) for stage in STAGES]
+        bottom = np.zeros(len(held))
+        for i, part in enumerate(("parameters", "gradients", "optimizer_state")):
+            values = np.array([h[part] / MB for h in held])
+            ax.bar(range(len(held)), values, 0.6, bottom=bottom, color=f"C{i}",
+                   label=part.replace("_", " "))  # fmt: skip
+            bottom += values
+        for x, total in enumerate(bottom):
+            ax.annotate(f"{total:.1f}", (x, total), xytext=(0, 2), textcoords="offset points",
+                        ha="center", fontsize=8)  # fmt: skip
+        ax.set_xticks(range(len(held)), ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"], fontsize=8)
+        ax.set_title(f"{n} worker{'s' if n > 1 else ''}", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].set_ylabel("MB per worker")
+    axes[0, 0].set_ylim(0, 1.45 * axes[0, 0].get_ylim()[1])
+    axes[0, -1].legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"What a worker holds at each ZeRO stage, with {optimizer}\n{source}",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
 def plot_state_held(
     table: pd.DataFrame, expected: pd.Series, banner: str, title: str,
     budget: float | None = None,
