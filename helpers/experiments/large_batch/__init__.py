@@ -1,7 +1,7 @@
 """Large-batch training, measured against a training-loss target (notebook 06).
 
 * ``runs_to_target`` trains every (global batch, learning rate, seed) until the training loss on
-  a fixed subset reaches a target, and counts the steps and samples it took (``target``).
+  a fixed subset stays below a target, and counts the steps and samples it took (``target``).
 * ``best_per_batch`` picks each batch's best rate (fewest steps, every seed there);
   ``fit_steps_samples`` fits McCandlish et al. 2018's trade-off ``S = S_min + E_min / B`` to
   those runs, whose ratio ``E_min / S_min`` is the critical batch (``curve``).
@@ -28,6 +28,7 @@ from helpers.experiments.large_batch.target import (
     eval_subset,
     reordered,
     runs_to_target,
+    stays_below,
     train_to_target,
 )
 
@@ -47,5 +48,6 @@ __all__ = [
     "pooled_noise_scale",
     "reordered",
     "runs_to_target",
+    "stays_below",
     "train_to_target",
 ]
