@@ -37,7 +37,7 @@ def plot_runs_to_target(runs: pd.DataFrame, best: pd.DataFrame, banner: str, see
         missed = per_lr[~per_lr["all_reached"]]
         right.plot(missed.index, missed["run"], "x", color=color, ms=9)
     left.axhline(target, ls="--", color="black", lw=1, label=f"target {target:g}")
-    left.plot([], [], "o", color="grey", label="counted: stays below from here")
+    left.plot([], [], "o", color="grey", label="the counted step")
     left.set_xscale("log")
     left.set_xlabel("samples seen (log scale)")
     left.set_ylabel("training loss (evaluation subset)")

@@ -5,9 +5,11 @@ al. 2019, *Measuring the Effects of Data Parallelism on Neural Network Training*
 The training loss is evaluated on a fixed subset of the training set (the same samples for every
 run) at checkpoints that grow by about 10% each: the step count is known to that resolution at
 every batch, and the evaluations cost little. A loss that swings can dip below the target once and
-come back up, so a run is counted as reaching the target only where the loss *stays* below it
-(``stays_below``): the count is the first checkpoint from which every later loss is at or below
-the target, and the run goes on until that has held for ``hold`` times the steps (25% more).
+come back up. With ``hold > 1`` a run is counted as reaching the target only where the loss
+*stays* below it (``stays_below``): the count is the first checkpoint from which every later loss
+is at or below the target, and the run goes on until that has held for ``hold`` times the steps
+(``HOLD``: 25% more). The default, ``hold = 1``, counts the first checkpoint at or below the
+target, however briefly: what notebook 06 counts until it is re-run with ``HOLD``.
 One process trains: N workers at global batch B take the same steps (notebooks 03 and 04).
 """
 
@@ -29,7 +31,7 @@ from helpers.training.order import worker_order
 from helpers.training.schedules import Constant, Schedule, WarmupSteps
 
 EVAL_SAMPLES = 1024  # the fixed subset the training loss is evaluated on
-HOLD = 1.25  # a count stands once the loss has stayed below the target for 25% more steps
+HOLD = 1.25  # hold: a count stands once the loss has stayed below the target for 25% more steps
 
 
 def reordered(data: HARData, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +122,7 @@ def train_to_target(
     warmup_steps: int = 0,
     threads: int = 2,
     after_step: Callable[[int, torch.nn.Module], None] | None = None,
-    hold: float = HOLD,
+    hold: float = 1.0,
 ) -> TargetRun:
     """Plain SGD on ``global_batch`` samples a step at rate ``lr`` (ramped linearly from 0 over
     ``warmup_steps``), seed ``seed`` for the initial weights and the data order, until the
@@ -191,13 +193,13 @@ def runs_to_target(
     max_samples: int,
     slack: float = 2.0,
     threads: int = 2,
+    hold: float = 1.0,
 ) -> pd.DataFrame:
     """Every (batch, rate, seed), each run stopped at the target or at ``max_samples`` samples.
     Once some runs at a batch have reached the target, a later run there also stops after
     ``slack`` times the most steps any of them trained: a rate that slow cannot be the batch's
-    best, and the runs it would waste are the costliest. For the same reason a rate's remaining
-    seeds are not run once one of its seeds missed the target: the best rate needs every seed
-    there (``best_per_batch``). One row per run (``TargetRun``)."""
+    best, and the runs it would waste are the costliest. ``hold``: as in ``train_to_target``.
+    One row per run (``TargetRun``)."""
     if slack <= 1:
         raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
     rows = []
@@ -206,9 +208,9 @@ def runs_to_target(
         for lr in lrs:
             for seed in seeds:
                 limit = min(cap, math.ceil(slack * max(reached))) if reached else cap
-                run = train_to_target(data, batch, lr, seed, target, limit, threads=threads)
+                run = train_to_target(
+                    data, batch, lr, seed, target, limit, threads=threads, hold=hold
+                )
                 rows.append(run.__dict__)
-                if not run.reached:
-                    break  # this rate cannot be the best: its other seeds would be wasted
-                reached.append(run.steps_run)
+                reached += [run.steps_run] if run.reached else []
     return pd.DataFrame(rows)
