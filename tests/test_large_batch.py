@@ -11,6 +11,7 @@ import pytest
 
 from helpers.data import HARData
 from helpers.experiments.large_batch import (
+    HOLD,
     at_best_rate,
     best_per_batch,
     checkpoints,
@@ -24,6 +25,7 @@ from helpers.experiments.large_batch import (
     pooled_noise_scale,
     reordered,
     runs_to_target,
+    stays_below,
     train_to_target,
 )
 
@@ -70,14 +72,33 @@ def test_the_evaluation_subset_is_fixed_and_spread_over_the_training_set():
     assert np.array_equal(eval_subset(data, 1000)[0].numpy(), X.numpy())
 
 
-def test_a_run_stops_at_the_first_checkpoint_at_or_below_the_target():
+def test_a_dip_below_the_target_counts_only_once_the_loss_stays_below():
+    steps = [1, 2, 3, 4, 5, 6, 7, 8]
+    losses = [1.0, 0.3, 0.6, 0.35, 0.3, 0.2, 0.25, 0.2]  # dips at 2, back up at 3, below from 4
+    assert stays_below(steps[:2], losses[:2], 0.4, hold=1) == 2  # the first crossing alone
+    assert stays_below(steps[:3], losses[:3], 0.4, hold=1) is None  # it came back up
+    assert stays_below(steps[:4], losses[:4], 0.4, hold=1.25) is None  # below, not yet for long
+    assert stays_below(steps[:5], losses[:5], 0.4, hold=1.25) == 4  # held until step 5 = 1.25 x 4
+    assert stays_below(steps, losses, 0.4) == 4
+    with pytest.raises(ValueError, match="hold"):
+        stays_below(steps, losses, 0.4, hold=0.5)
+
+
+def test_a_run_stops_once_the_loss_has_stayed_below_the_target():
     data = tiny_data()
     full = train_to_target(data, 50, 0.1, 0, target=0.0, max_steps=30, threads=1)
-    assert not full.reached and full.steps == 30 and full.checkpoints == checkpoints(30)
+    assert not full.reached and full.steps == full.steps_run == 30
+    assert full.checkpoints == checkpoints(30)
     target = full.losses[10]  # a loss the same run reaches at its 11th checkpoint
-    run = train_to_target(data, 50, 0.1, 0, target=target, max_steps=30, threads=1)
-    assert run.reached and run.steps == full.checkpoints[10] and run.samples == run.steps * 50
-    assert run.losses == full.losses[:11] and run.final_loss <= target < run.first_loss
+    run = train_to_target(data, 50, 0.1, 0, target=target, max_steps=30, threads=1, hold=HOLD)
+    assert run.reached and run.samples == run.steps * 50 and run.final_loss <= target
+    assert run.losses == full.losses[: len(run.losses)]  # the same run, stopped early
+    at = run.checkpoints.index(run.steps)
+    # the count is where the loss went below for good, and the run went on 25% beyond it
+    assert max(run.losses[at:]) <= target and (at == 0 or run.losses[at - 1] > target)
+    assert run.steps_run >= 1.25 * run.steps and run.steps_run == run.checkpoints[-1]
+    first = train_to_target(data, 50, 0.1, 0, target=target, max_steps=30, threads=1)  # hold 1
+    assert first.steps == first.steps_run == full.checkpoints[10]  # the first checkpoint below
 
 
 def test_after_step_sees_the_model_before_and_after_every_step():
@@ -99,7 +120,7 @@ def test_a_slow_rate_stops_at_twice_the_steps_the_reaching_runs_took():
     runs = runs_to_target(data, [50], [0.2, 1e-6], [0], target, max_samples=50 * 200, threads=1)
     fast, slow = runs.iloc[0], runs.iloc[1]
     assert fast["reached"] and not slow["reached"]
-    assert slow["steps"] == 2 * fast["steps"]  # the slack of 2, not the cap of 200 steps
+    assert slow["steps_run"] == 2 * fast["steps_run"]  # the slack of 2, not the cap of 200 steps
     with pytest.raises(ValueError, match="slack"):
         runs_to_target(data, [50], [0.1], [0], 0.5, 1000, slack=1.0)
 

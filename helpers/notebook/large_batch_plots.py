@@ -1,5 +1,6 @@
-"""Notebook 06's figures: steps against samples to a loss target, and the noise scale along a
-run. Tables from ``helpers.experiments.large_batch``."""
+"""Notebook 06's figures: the runs to a loss target (their loss, and the steps each rate took),
+steps against samples, and the noise scale along a run. Tables from
+``helpers.experiments.large_batch``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,54 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+
+
+def plot_runs_to_target(runs: pd.DataFrame, best: pd.DataFrame, banner: str, seed: int = 0
+                        ) -> Figure:  # fmt: skip
+    """Left: the training loss against samples seen, one line per batch at its best rate (one
+    seed), the target drawn and the counted step marked: what a count means. Right: the steps to
+    the target against the rate, per batch (median over the seeds; a rate where some seed missed
+    the target is a cross at the steps it trained before it was stopped), so the best rate at
+    each batch can be read off."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 4.5))
+    best_lr = best.set_index("global_batch")["best_lr"]
+    target = float(runs["target"].iloc[0])
+    for i, (batch, at_batch) in enumerate(runs.groupby("global_batch")):
+        color = f"C{i}"
+        if batch in best_lr.index:
+            run = at_batch[(at_batch["lr"] == best_lr[batch]) & (at_batch["seed"] == seed)].iloc[0]
+            seen = np.asarray(run["checkpoints"]) * batch
+            left.plot(seen, run["losses"], "-", color=color, lw=1.2,
+                      label=f"batch {batch}, lr {run['lr']:g}")  # fmt: skip
+            at = run["checkpoints"].index(run["steps"])
+            left.plot([seen[at]], [run["losses"][at]], "o", color=color, ms=7)
+        per_lr = at_batch.groupby("lr").agg(
+            all_reached=("reached", "all"), steps=("steps", "median"), run=("steps_run", "max")
+        )
+        ok = per_lr[per_lr["all_reached"]]
+        right.plot(ok.index, ok["steps"], "o-", color=color, label=f"batch {batch}")
+        missed = per_lr[~per_lr["all_reached"]]
+        right.plot(missed.index, missed["run"], "x", color=color, ms=9)
+    left.axhline(target, ls="--", color="black", lw=1, label=f"target {target:g}")
+    left.plot([], [], "o", color="grey", label="the counted step")
+    left.set_xscale("log")
+    left.set_xlabel("samples seen (log scale)")
+    left.set_ylabel("training loss (evaluation subset)")
+    left.set_title(f"The loss along each batch's run at its best rate (seed {seed})", fontsize=9)
+    right.set_xscale("log", base=2)
+    rates = sorted(runs["lr"].unique())
+    right.set_xticks(rates, [f"{lr:g}" for lr in rates])
+    right.minorticks_off()
+    right.set_yscale("log")
+    right.set_xlabel("learning rate (log scale)")
+    right.set_ylabel("steps to the target (log scale)")
+    right.set_title("Steps to the target per rate (x: a seed stopped short of it)", fontsize=9)
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Runs to the loss target\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def plot_steps_samples(points: pd.DataFrame, s_min: float, e_min: float, banner: str) -> Figure:

@@ -1,7 +1,8 @@
 """Large-batch training, measured against a training-loss target (notebook 06).
 
 * ``runs_to_target`` trains every (global batch, learning rate, seed) until the training loss on
-  a fixed subset reaches a target, and counts the steps and samples it took (``target``).
+  a fixed subset reaches a target (or, with ``hold=HOLD``, stays below it), and counts the
+  steps and samples it took (``target``).
 * ``best_per_batch`` picks each batch's best rate (fewest steps, every seed there);
   ``fit_steps_samples`` fits McCandlish et al. 2018's trade-off ``S = S_min + E_min / B`` to
   those runs, whose ratio ``E_min / S_min`` is the critical batch (``curve``).
@@ -22,17 +23,20 @@ from helpers.experiments.large_batch.curve import (
 from helpers.experiments.large_batch.report import format_best, format_noise, format_runs
 from helpers.experiments.large_batch.target import (
     EVAL_SAMPLES,
+    HOLD,
     TargetRun,
     checkpoints,
     diverged,
     eval_subset,
     reordered,
     runs_to_target,
+    stays_below,
     train_to_target,
 )
 
 __all__ = [
     "EVAL_SAMPLES",
+    "HOLD",
     "TargetRun",
     "at_best_rate",
     "best_per_batch",
@@ -47,5 +51,6 @@ __all__ = [
     "pooled_noise_scale",
     "reordered",
     "runs_to_target",
+    "stays_below",
     "train_to_target",
 ]

@@ -2,9 +2,14 @@
 a given learning rate to bring the training loss down to a target (the measurement of Shallue et
 al. 2019, *Measuring the Effects of Data Parallelism on Neural Network Training*, JMLR 20(112)).
 
-A run stops as soon as it reaches the target. The training loss is evaluated on a fixed subset of
-the training set (the same samples for every run) at checkpoints that grow by about 10% each:
-the step count is known to that resolution at every batch, and the evaluations cost little.
+The training loss is evaluated on a fixed subset of the training set (the same samples for every
+run) at checkpoints that grow by about 10% each: the step count is known to that resolution at
+every batch, and the evaluations cost little. A loss that swings can dip below the target once and
+come back up. With ``hold > 1`` a run is counted as reaching the target only where the loss
+*stays* below it (``stays_below``): the count is the first checkpoint from which every later loss
+is at or below the target, and the run goes on until that has held for ``hold`` times the steps
+(``HOLD``: 25% more). The default, ``hold = 1``, counts the first checkpoint at or below the
+target, however briefly: what notebook 06 counts until it is re-run with ``HOLD``.
 One process trains: N workers at global batch B take the same steps (notebooks 03 and 04).
 """
 
@@ -26,6 +31,7 @@ from helpers.training.order import worker_order
 from helpers.training.schedules import Constant, Schedule, WarmupSteps
 
 EVAL_SAMPLES = 1024  # the fixed subset the training loss is evaluated on
+HOLD = 1.25  # hold: a count stands once the loss has stayed below the target for 25% more steps
 
 
 def reordered(data: HARData, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,10 +62,25 @@ def diverged(first_loss: float, losses: Sequence[float]) -> bool:
     return not all(math.isfinite(v) for v in losses) or losses[-1] > first_loss
 
 
+def stays_below(
+    steps: Sequence[int], losses: Sequence[float], target: float, hold: float = HOLD
+) -> int | None:
+    """The first checkpoint from which the loss stays at or below ``target`` up to the last one,
+    if the last is at least ``hold`` times it (the loss held there long enough to trust); else
+    None. ``hold = 1`` is the first checkpoint at or below the target, however briefly."""
+    if hold < 1 or len(steps) != len(losses):
+        raise ValueError(f"need hold >= 1 and one loss per checkpoint, got hold {hold}")
+    start = None
+    for step, loss in zip(steps, losses, strict=True):
+        start = (start or step) if loss <= target else None
+    return start if start is not None and steps[-1] >= hold * start else None
+
+
 @dataclass(frozen=True)
 class TargetRun:
-    """One run to the target: ``steps`` (and ``samples = steps x batch``) taken when it stopped,
-    on reaching the target or on running out of budget."""
+    """One run to the target: ``steps`` (and ``samples = steps x batch``) to where the loss
+    stayed below the target, or, if it never did, the steps taken when the budget ran out;
+    ``steps_run``: the steps trained in all (the count's confirmation included)."""
 
     global_batch: int
     lr: float
@@ -69,6 +90,7 @@ class TargetRun:
     reached: bool
     steps: int
     samples: int
+    steps_run: int
     first_loss: float  # at initialisation, on the evaluation subset
     final_loss: float  # when the run stopped
     diverged: bool
@@ -100,11 +122,13 @@ def train_to_target(
     warmup_steps: int = 0,
     threads: int = 2,
     after_step: Callable[[int, torch.nn.Module], None] | None = None,
+    hold: float = 1.0,
 ) -> TargetRun:
     """Plain SGD on ``global_batch`` samples a step at rate ``lr`` (ramped linearly from 0 over
     ``warmup_steps``), seed ``seed`` for the initial weights and the data order, until the
-    training loss on the evaluation subset is at most ``target``, or ``max_steps``, or a loss
-    that is not finite. ``after_step(steps_done, model)`` runs before the first step (0) and
+    training loss on the evaluation subset has stayed at most ``target`` for ``hold`` times the
+    steps to where it went below for good (``stays_below``), or ``max_steps``, or a loss that is
+    not finite. ``after_step(steps_done, model)`` runs before the first step (0) and
     after every step, off the clock (notebook 06 measures the noise scale there)."""
     X, y = reordered(data, seed)
     X_eval, y_eval = eval_subset(data)
@@ -135,18 +159,22 @@ def train_to_target(
             if step + 1 == marks[len(done)]:
                 done.append(step + 1)
                 losses.append(eval_loss(model, X_eval, y_eval))
-                if losses[-1] <= target or not math.isfinite(losses[-1]):
+                if not math.isfinite(losses[-1]):
                     break
-    reached = losses[-1] <= target
+                if stays_below(done, losses, target, hold) is not None:
+                    break
+    counted = stays_below(done, losses, target, hold)  # None after a loss that is not finite
+    steps = done[-1] if counted is None else counted
     return TargetRun(
         global_batch=global_batch,
         lr=lr,
         seed=seed,
         warmup_steps=warmup_steps,
         target=target,
-        reached=reached,
-        steps=done[-1],
-        samples=done[-1] * global_batch,
+        reached=counted is not None,
+        steps=steps,
+        samples=steps * global_batch,
+        steps_run=done[-1],
         first_loss=first,
         final_loss=losses[-1],
         diverged=diverged(first, losses),
@@ -165,11 +193,13 @@ def runs_to_target(
     max_samples: int,
     slack: float = 2.0,
     threads: int = 2,
+    hold: float = 1.0,
 ) -> pd.DataFrame:
     """Every (batch, rate, seed), each run stopped at the target or at ``max_samples`` samples.
     Once some runs at a batch have reached the target, a later run there also stops after
-    ``slack`` times the most steps any of them took: a rate that slow cannot be the batch's
-    best, and the runs it would waste are the costliest. One row per run (``TargetRun``)."""
+    ``slack`` times the most steps any of them trained: a rate that slow cannot be the batch's
+    best, and the runs it would waste are the costliest. ``hold``: as in ``train_to_target``.
+    One row per run (``TargetRun``)."""
     if slack <= 1:
         raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
     rows = []
@@ -178,7 +208,9 @@ def runs_to_target(
         for lr in lrs:
             for seed in seeds:
                 limit = min(cap, math.ceil(slack * max(reached))) if reached else cap
-                run = train_to_target(data, batch, lr, seed, target, limit, threads=threads)
-                reached += [run.steps] if run.reached else []
+                run = train_to_target(
+                    data, batch, lr, seed, target, limit, threads=threads, hold=hold
+                )
                 rows.append(run.__dict__)
+                reached += [run.steps_run] if run.reached else []
     return pd.DataFrame(rows)
