@@ -53,7 +53,8 @@ def fit_steps_samples(batches: Sequence[float], steps: Sequence[float]) -> tuple
     """McCandlish et al.'s trade-off ``S = S_min + E_min / B`` (equivalently
     ``(S / S_min - 1)(E / E_min - 1) = 1`` with ``E = B S`` samples), fitted by least squares on
     the relative error of ``S``. Returns ``(S_min, E_min)``: the fewest steps (at an infinite
-    batch) and the fewest samples (in the limit of a small batch); their ratio is the critical batch."""
+    batch) and the fewest samples (in the limit of a small batch); their ratio is the critical
+    batch."""
     b, s = np.asarray(batches, dtype=float), np.asarray(steps, dtype=float)
     if len(np.unique(b)) < 2 or len(b) != len(s):
         raise ValueError("need steps at two batch sizes at least, one count per batch")
