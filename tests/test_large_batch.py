@@ -125,6 +125,18 @@ def test_a_slow_rate_stops_at_twice_the_steps_the_reaching_runs_took():
         runs_to_target(data, [50], [0.1], [0], 0.5, 1000, slack=1.0)
 
 
+def test_a_rate_whose_first_seed_missed_runs_no_other_seed():
+    """The best rate needs every seed at the target: a rate one seed missed is out, and its
+    other seeds, the costliest runs (they go to the cap), are not run."""
+    data = tiny_data()
+    probe = train_to_target(data, 50, 0.2, 0, 0.0, 40, threads=1)
+    runs = runs_to_target(data, [50], [0.2, 1e-6], [0, 1], probe.losses[12], 50 * 200, threads=1)
+    per_rate = runs.groupby("lr")["seed"].apply(list).to_dict()
+    assert per_rate == {0.2: [0, 1], 1e-6: [0]}
+    assert runs.set_index("lr").loc[0.2, "reached"].iloc[0]  # seed 0 reached: seed 1 ran too
+    assert not runs.set_index("lr").loc[1e-6, "reached"]  # seed 0 missed: seed 1 never ran
+
+
 def fake_runs() -> pd.DataFrame:
     rows = []
     for batch, lr, seed, reached, steps in [

@@ -198,8 +198,9 @@ def runs_to_target(
     """Every (batch, rate, seed), each run stopped at the target or at ``max_samples`` samples.
     Once some runs at a batch have reached the target, a later run there also stops after
     ``slack`` times the most steps any of them trained: a rate that slow cannot be the batch's
-    best, and the runs it would waste are the costliest. ``hold``: as in ``train_to_target``.
-    One row per run (``TargetRun``)."""
+    best, and the runs it would waste are the costliest. For the same reason a rate's other seeds
+    are not run once one of its seeds missed the target: the best rate needs every seed there
+    (``best_per_batch``). ``hold``: as in ``train_to_target``. One row per run (``TargetRun``)."""
     if slack <= 1:
         raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
     rows = []
@@ -212,5 +213,7 @@ def runs_to_target(
                     data, batch, lr, seed, target, limit, threads=threads, hold=hold
                 )
                 rows.append(run.__dict__)
-                reached += [run.steps_run] if run.reached else []
+                if not run.reached:
+                    break  # this rate cannot be the best: its other seeds would be wasted
+                reached.append(run.steps_run)
     return pd.DataFrame(rows)
