@@ -163,8 +163,9 @@ print("trained", flush=True)
 """
 
 
-def _detail_script(tmp_path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", DETAIL_DDP, str(tmp_path / "rendezvous")],
+def _detail_script(tmp_path, env: dict[str, str], code: str = DETAIL_DDP
+                   ) -> subprocess.CompletedProcess:  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code, str(tmp_path / "rendezvous")],
                           env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -186,8 +187,7 @@ def test_the_debug_level_is_read_when_torch_is_imported(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DISTRIBUTED_DEBUG"}
     late = DETAIL_DDP.replace("from torch.nn", "import os; os.environ['TORCH_DISTRIBUTED_DEBUG']"
                               " = 'DETAIL'\nfrom torch.nn")
-    done = subprocess.run([sys.executable, "-c", late, str(tmp_path / "rendezvous")], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = _detail_script(tmp_path, env, late)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["DebugLevel.OFF", "trained"]
 
