@@ -114,6 +114,22 @@ def test_pipeline_hides_what_backward_covers():
     assert with_overlap < one_bucket < no  # one bucket: no overlap, but one latency fewer
 
 
+
+def test_deep_overlap_table_steps_on_the_calibrated_compute_and_divides_one_workers():
+    alone, parallel = ComputeModel(c0=2e-3, c1=80e-6), ComputeModel(c0=3e-3, c1=120e-6)
+    free = AlphaBeta(alpha=0.0, beta=0.0)
+    table = ce.overlap_table(alone, free, [2, 8], 2048, parallel=parallel)
+    for depth, row in zip([2, 8], table.itertuples(), strict=True):
+        model = ce.deep_mlp(depth)
+        ceiling = ce.communication_free_ceiling(
+            ce.scaled_compute(alone, model), 2048, parallel=ce.scaled_compute(parallel, model))
+        # with communication free, the step is the calibrated compute and nothing else
+        assert np.isclose(row.speedup_overlap, ceiling)
+        assert np.isclose(row.speedup_no_overlap, ceiling)
+    slower = ce.overlap_table(alone, AlphaBeta(2e-4, 5e-10), [2], 2048, parallel=parallel)
+    same = ce.overlap_table(alone, AlphaBeta(2e-4, 5e-10), [2], 2048)
+    assert (slower.speedup_overlap < same.speedup_overlap).all()
+
 @pytest.mark.slow
 def test_max_steps_stops_mid_epoch_without_evaluating_a_partial_epoch():
     one_step_epochs = TrainConfig(global_batch=4096, epochs=5, max_steps=3, data="standin")

@@ -167,16 +167,22 @@ def overlap_table(
     global_batch: int,
     world: int = 2,
     width: int = 1024,
+    parallel: ComputeModel | None = None,
 ) -> pd.DataFrame:
     """The model's step for MLPs of ``depths`` square layers of ``width``: gradient bytes,
     DDP's default buckets, the all-reduce time in all, how much of it the default buckets leave
-    exposed after backward, and the speed-up without overlap (one bucket) and with it."""
+    exposed after backward, and the speed-up without overlap (one bucket) and with it. Both
+    computes are carried over by ``scaled_compute``: one worker's (``compute``) is the speed-up's
+    numerator; each worker's while all run (``parallel``, ``calibrated_compute``; ``compute`` if
+    not given) is the step's, as in ``model_speedups``."""
+    parallel = parallel or compute
     rows = []
     for depth in depths:
         model = deep_mlp(depth, width)
-        fit = scaled_compute(compute, model)
+        alone = scaled_compute(compute, model)
+        fit = scaled_compute(parallel, model)
         plan = bk.bucket_plan(model)
-        one = fit.predict(global_batch)
+        one = alone.predict(global_batch)
         _, pipe = _pipeline_of(fit, comm, global_batch, world, model)
         rows.append(
             {
