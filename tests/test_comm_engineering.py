@@ -253,3 +253,19 @@ def test_plot_overlap_depth_draws_both_settings_per_network_and_names_the_data()
     drawn = [line for line in ax.get_lines() if line.get_label() in labels]
     assert list(drawn[0].get_ydata()) == [1.6, 1.5, 1.9]
     assert list(drawn[1].get_ydata()) == [1.4, 1.45, 1.47]
+
+
+def test_plot_accumulation_draws_both_loops_under_the_ceiling_and_names_the_data():
+    from helpers.notebook.comm_plots import plot_accumulation
+
+    table = pd.DataFrame({"global_batch": [1024, 2048, 4096], "micro_batches": [1, 2, 4],
+                          "speedup_no_sync": [1.5, 1.6, 1.7], "speedup_without": [1.5, 1.4, 1.3],
+                          "ceiling": [1.8, 1.85, 1.9]})  # fmt: skip
+    fig = plot_accumulation(table, "DATA BANNER")
+    ax = fig.axes[0]
+    assert "DATA BANNER" in ax.get_title() and ax.get_xscale() == "log"
+    heights = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert heights["with no_sync(): 1 all-reduce"] == [1.5, 1.6, 1.7]
+    assert heights["without no_sync(): one all-reduce per micro-batch"] == [1.5, 1.4, 1.3]
+    assert heights["communication free (the ceiling)"] == [1.8, 1.85, 1.9]
+    assert [t.get_text() for t in ax.texts] == ["k=1", "k=2", "k=4"]

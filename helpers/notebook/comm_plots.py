@@ -195,3 +195,31 @@ def plot_overlap_depth(deep: dict[str, pd.DataFrame], banner: str, world: int = 
     ax.legend(fontsize=8)
     ax.set_title(f"Overlap against depth, modelled\nmodel fitted to {banner}", fontsize=10)
     return fig
+
+
+# ------------------------------------------------------------------ notebook 07: accumulation
+
+
+def plot_accumulation(table: pd.DataFrame, banner: str, world: int = 2) -> Figure:
+    """The model's speed-up against the effective global batch reached by accumulation, with
+    ``no_sync()`` and without it, under the communication-free ceiling: columns global_batch,
+    micro_batches, speedup_no_sync, speedup_without, ceiling."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    b = table["global_batch"]
+    ax.plot(b, table["ceiling"], ":", color="grey", label="communication free (the ceiling)")
+    ax.plot(b, table["speedup_no_sync"], "o-", color="C0", label="with no_sync(): 1 all-reduce")
+    ax.plot(b, table["speedup_without"], "s--", color="C3",
+            label="without no_sync(): one all-reduce per micro-batch")  # fmt: skip
+    for x, y, k in zip(b, table["speedup_without"], table["micro_batches"], strict=True):
+        ax.annotate(f"k={k}", (x, y), textcoords="offset points", xytext=(0, -14),
+                    ha="center", fontsize=8)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("effective global batch (k micro-batches per worker and step)")
+    ax.set_ylabel(f"speed-up of {world} workers (model)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center right")
+    ax.set_title(f"Accumulation against the effective batch, modelled\n"
+                 f"model fitted to {banner}",
+                 fontsize=10)  # fmt: skip
+    return fig
+
