@@ -1,4 +1,5 @@
-"""Notebook 11's slowdown figure draws straggler.slowdown_table and the models it names."""
+"""Notebook 11's figures draw the tables they are given: straggler.slowdown_table and the models
+it names; evaluation.padding_table under its bound."""
 
 import matplotlib
 
@@ -6,8 +7,8 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 
-from helpers.experiments import straggler  # noqa: E402
-from helpers.notebook.failure_plots import plot_slowdown  # noqa: E402
+from helpers.experiments import evaluation, straggler  # noqa: E402
+from helpers.notebook.failure_plots import plot_miscounted, plot_slowdown  # noqa: E402
 
 
 def test_the_slowdown_figure_draws_the_table_the_ceiling_and_the_any_straggler_model():
@@ -21,3 +22,15 @@ def test_the_slowdown_figure_draws_the_table_the_ceiling_and_the_any_straggler_m
     (line,) = right.get_lines()
     table = straggler.any_straggler(0.01, [int(x) for x in line.get_xdata()])
     np.testing.assert_allclose(line.get_ydata(), table["step_slowed"])
+
+
+def test_the_miscount_figure_draws_the_samplers_counts_under_workers_minus_one():
+    rows = evaluation.padding_table(2996, list(range(2, 33)))
+    (ax,) = plot_miscounted(rows, "test data").axes
+    bound, twice, dropped = ax.get_lines()
+    assert list(twice.get_ydata()) == [r["counted_twice"] for r in rows]
+    assert list(dropped.get_ydata()) == [r["dropped_with_drop_last"] for r in rows]
+    # DistributedSampler's own lengths: padding and dropping each stay under the bound drawn
+    assert (twice.get_ydata() <= bound.get_ydata()).all()
+    assert (dropped.get_ydata() <= bound.get_ydata()).all()
+    assert "test data" in ax.get_title()

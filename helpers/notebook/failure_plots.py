@@ -1,5 +1,6 @@
 """Notebook 11's figures: a per-rank step timeline with a straggler, the expected slowdown of a
-synchronous step with more workers, and time against cost to a target accuracy. Each returns
+synchronous step with more workers, the windows a sharded evaluation miscounts, and time
+against cost to a target accuracy. Each returns
 its figure; the notebook calls ``plt.show()``."""
 
 from __future__ import annotations
@@ -112,3 +113,23 @@ def plot_slowdown(
     right.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
     right.legend(fontsize=8, loc="upper left")
     return fig
+
+
+def plot_miscounted(rows: list[dict], banner: str) -> Figure:
+    """The test windows ``DistributedSampler`` counts twice (padding) or never (``drop_last``)
+    against the world size: the rows of ``evaluation.padding_table``, under their bound of
+    ``workers - 1``."""
+    table = pd.DataFrame(rows)
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    w = table["workers"]
+    ax.plot(w, w - 1, ":", color="grey", label="workers - 1 (the most either can be)")
+    ax.plot(w, table["counted_twice"], "o-", ms=3, color="C1", label="counted twice (padding)")
+    ax.plot(w, table["dropped_with_drop_last"], "s-", ms=3, color="C3",
+            label="never counted (drop_last=True)")  # fmt: skip
+    ax.set_xlabel("workers evaluating")
+    ax.set_ylabel("test windows")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"What a sharded evaluation miscounts\n{banner}", fontsize=10)
+    return fig
+
