@@ -1,0 +1,71 @@
+"""Notebook 08's figures of what sharding costs in communication: the bytes Gloo puts on the wire
+for each collective against a ring's, and a step's time against its collectives' alone. Tables
+say the numbers; these show at a glance which bar is out of line. Each returns its figure; the
+notebook calls ``plt.show()``."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from helpers.dist.counting import COUNTED
+
+
+def plot_wire_bytes(sent: dict[str, float], ring: dict[str, float], source: str) -> Figure:
+    """Per collective, the bytes each worker sent per byte of the message (measured, filled)
+    beside what a ring sends (outlined): a filled bar above its outline is traffic the backend
+    adds. ``sent`` and ``ring`` map a collective's name to a ratio; the bars follow ``sent``'s
+    order, and every name in it must be in ``ring``."""
+    missing = sorted(set(sent) - set(ring))
+    if missing:
+        raise ValueError(f"no ring figure for {', '.join(missing)}: give ring a ratio for each")
+    names = list(sent)
+    x = list(range(len(names)))
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    ax.bar([p - 0.18 for p in x], [sent[n] for n in names], 0.36, color="C0",
+           label="measured (TCP/IP headers included)")  # fmt: skip
+    ax.bar([p + 0.18 for p in x], [ring[n] for n in names], 0.36, fill=False, edgecolor="black",
+           label="a ring: the bandwidth-optimal bytes")  # fmt: skip
+    for p, name in zip(x, names, strict=True):
+        ax.annotate(f"{sent[name]:.2f}", (p - 0.18, sent[name]), xytext=(0, 3),
+                    textcoords="offset points", ha="center", fontsize=9)  # fmt: skip
+    ax.set_xticks(x, [n.replace("_", "-") for n in names], fontsize=9)
+    ax.set_ylabel("bytes sent per worker\nper byte of the message")
+    ax.set_ylim(0, 1.3 * max(*sent.values(), *ring.values()))
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title(f"What each collective puts on the wire, against a ring\n{source}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _calls(row: pd.Series) -> str:
+    """``6 all-gathers, 3 reduce-scatters``: the collectives a traffic row counted."""
+    parts = [f"{int(row[f'{k} calls'])} {k}s" for k in COUNTED if row.get(f"{k} calls", 0) > 0]
+    return ", ".join(parts) or "no collectives"
+
+
+def plot_step_against_collectives(table: pd.DataFrame, banner: str) -> Figure:
+    """Per run, a training step's time beside its collectives replayed alone (both medians,
+    rank 0), each run labelled with the collectives it issued: where the two bars are far apart,
+    the step's time is compute, and sending more bytes costs little. ``table`` from
+    ``helpers.experiments.sharding.traffic_table`` (``step ms``, ``collectives alone ms`` and
+    the calls of each kind)."""
+    y = list(range(len(table)))[::-1]  # the first run on top
+    fig, ax = plt.subplots(figsize=(8.0, 1.1 * len(table) + 1.4))
+    ax.barh([p + 0.18 for p in y], table["step ms"], 0.36, color="0.6", label="training step")
+    ax.barh([p - 0.18 for p in y], table["collectives alone ms"], 0.36, color="C3",
+            label="its collectives alone (replayed)")  # fmt: skip
+    for p, (_, row) in zip(y, table.iterrows(), strict=True):
+        for column, offset in (("step ms", 0.18), ("collectives alone ms", -0.18)):
+            ax.annotate(f"{row[column]:.0f} ms", (row[column], p + offset), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+    ax.set_yticks(y, [f"{run}\n{_calls(row)}" for run, row in table.iterrows()], fontsize=8)
+    ax.set_xlabel("milliseconds (medians, rank 0)")
+    ax.set_xlim(0, 1.2 * table[["step ms", "collectives alone ms"]].to_numpy().max())
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"A step's time against its collectives' alone\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,89 @@
+"""Notebook 08's communication figures draw the numbers they are given: read back from the axes."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from helpers.experiments.sharding import traffic_table  # noqa: E402
+from helpers.notebook.sharding_plots import (  # noqa: E402
+    plot_step_against_collectives,
+    plot_wire_bytes,
+)
+from helpers.training.runs import RunResult  # noqa: E402
+
+
+def _run(sync: str, calls: list[tuple[str, int]], step_s: float, replay_s: float) -> RunResult:
+    probe = {"calls": calls, "step_seconds": step_s, "replay_seconds": replay_s}
+    return RunResult(
+        world=2,
+        global_batch=256,
+        epochs=1,
+        threads_per_worker=1,
+        seconds=1.0,
+        startup_seconds=1.0,
+        accuracy=0.5,
+        replicas_identical=True,
+        checksums=[],
+        accuracies=[],
+        steps=20,
+        data_source="test",
+        sync=sync,
+        probes=[probe],
+    )
+
+
+def test_the_wire_figure_draws_measured_and_ring_bars_in_the_given_order():
+    sent = {"all_reduce": 1.01, "reduce_scatter": 0.98, "all_gather": 0.52}
+    ring = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
+    fig = plot_wire_bytes(sent, ring, "test source")
+    (ax,) = fig.axes
+    bars = ax.patches
+    measured, rings = bars[:3], bars[3:]
+    np.testing.assert_allclose([b.get_height() for b in measured], list(sent.values()))
+    np.testing.assert_allclose([b.get_height() for b in rings], list(ring.values()))
+    assert all(b.get_fill() for b in measured) and not any(b.get_fill() for b in rings)
+    # each measured bar stands left of its ring bar, at its collective's tick
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == ["all-reduce", "reduce-scatter", "all-gather"]
+    for m, r in zip(measured, rings, strict=True):
+        assert m.get_x() < r.get_x() < m.get_x() + 2 * m.get_width()
+    assert "test source" in ax.get_title()
+
+
+def test_the_wire_figure_refuses_a_collective_without_a_ring_figure():
+    with pytest.raises(ValueError, match="all_to_all"):
+        plot_wire_bytes({"all_to_all": 1.0}, {"all_reduce": 1.0}, "test source")
+
+
+def test_the_step_figure_draws_each_runs_step_and_collectives_with_their_calls():
+    megabyte = 1_000_000
+    runs = [
+        _run("ddp", [("all-reduce", 4 * megabyte), ("all-reduce", 2 * megabyte)], 0.120, 0.012),
+        _run(
+            "fsdp2",
+            [("all-gather", megabyte)] * 6 + [("reduce-scatter", 2 * megabyte)] * 3,
+            0.119,
+            0.029,
+        ),
+    ]
+    table = traffic_table(runs)
+    fig = plot_step_against_collectives(table, "test data")
+    (ax,) = fig.axes
+    steps, alone = ax.patches[:2], ax.patches[2:]
+    np.testing.assert_allclose([b.get_width() for b in steps], [120.0, 119.0])
+    np.testing.assert_allclose([b.get_width() for b in alone], [12.0, 29.0])
+    # the first run on top, each run's two bars side by side at its tick
+    assert steps[0].get_y() > steps[1].get_y()
+    labels = {
+        round(t, 6): s.get_text()
+        for t, s in zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)
+    }
+    top, bottom = labels[max(labels)], labels[min(labels)]
+    assert top.startswith("DDP, 2 workers") and "2 all-reduces" in top
+    assert bottom.startswith("FSDP2, 2 workers")
+    assert "6 all-gathers" in bottom and "3 reduce-scatters" in bottom
+    assert "all-reduce" not in bottom
+    assert "test data" in ax.get_title()
