@@ -39,7 +39,7 @@ def test_bars_are_the_tables_mb_stacked_by_collective():
         left[row] += value
     # each row's total written at its bar's end, and only the collectives sent in the legend
     totals = [float(t.get_text()) for t in ax.texts]
-    np.testing.assert_allclose(totals, table.sum(axis=1), atol=0.005 + 1e-9)  # 2 decimals
+    np.testing.assert_allclose(totals, table.sum(axis=1), atol=0.0005 + 1e-9)  # 3 decimals
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "all-reduce", "all-gather", "reduce-scatter"]
     assert "test data" in ax.get_title()

@@ -167,15 +167,14 @@ def plot_bytes_sent(table: pd.DataFrame, title: str, source: str) -> Figure:
             ax.barh(y, values, 0.6, left=left, color=f"C{i}", label=kind)
         left += values
     for row, total in zip(y, left, strict=True):
-        ax.annotate(f"{total:.2f}", (total, row), xytext=(3, 0), textcoords="offset points",
+        ax.annotate(f"{total:.3f}", (total, row), xytext=(3, 0), textcoords="offset points",
                     va="center", fontsize=8)  # fmt: skip
     ax.set_yticks(y, [str(label) for label in table.index], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.15 * left.max())
+    ax.set_xlim(0, 1.4 * left.max())  # room for the legend beside the longest bar
     ax.set_xlabel("MB each worker sends per step (on a ring)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    source = textwrap.fill(source, 90)
-    ax.set_title(f"{title}\n{source}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{textwrap.fill(title, 80)}\n{textwrap.fill(source, 90)}", fontsize=10)
     fig.tight_layout()
     return fig
