@@ -1,6 +1,7 @@
 """Notebook 09's figures: a pipeline step's timeline per stage, the bubble against the number of
 micro-batches, the activations each schedule keeps, bf16 against float32 per instruction set,
-and the modelled step time of each parallelism against the link's bandwidth.
+the bytes each set-up sends per step (by collective), and the modelled step time of each
+parallelism against the link's bandwidth.
 Each returns its figure, titled with the source of its data; the notebook calls ``plt.show()``."""
 
 from __future__ import annotations
@@ -147,5 +148,33 @@ def plot_bf16_times(table: pd.DataFrame, source: str) -> Figure:
     source = textwrap.fill(source, 90)  # a long source would widen the figure, not the plot
     ax.set_title(f"One 256 x 1024 by 1024 x 1024 product: bf16 against float32\n{source}",
                  fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def plot_bytes_sent(table: pd.DataFrame, title: str, source: str) -> Figure:
+    """One horizontal bar per set-up (rows of ``table``), stacked by collective (its columns: MB
+    each worker sends per step), the total written at its end. Counted bytes compared at a
+    glance: which set-up sends most, and which collective it sends them in."""
+    if table.empty or (table < 0).any().any():
+        raise ValueError("plot_bytes_sent needs one row per set-up and MB >= 0 in every column")
+    fig, ax = plt.subplots(figsize=(8.0, 0.45 * len(table) + 1.6))
+    y = np.arange(len(table))
+    left = np.zeros(len(table))
+    for i, kind in enumerate(table.columns):
+        values = table[kind].to_numpy(dtype=float)
+        if values.any():  # a collective no set-up sends gets no legend entry
+            ax.barh(y, values, 0.6, left=left, color=f"C{i}", label=kind)
+        left += values
+    for row, total in zip(y, left, strict=True):
+        ax.annotate(f"{total:.3f}", (total, row), xytext=(3, 0), textcoords="offset points",
+                    va="center", fontsize=8)  # fmt: skip
+    ax.set_yticks(y, [str(label) for label in table.index], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.4 * left.max())  # room for the legend beside the longest bar
+    ax.set_xlabel("MB each worker sends per step (on a ring)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{textwrap.fill(title, 80)}\n{textwrap.fill(source, 90)}", fontsize=10)
     fig.tight_layout()
     return fig
