@@ -1,10 +1,8 @@
-"""Speed-up and efficiency of data parallelism against the global batch size, measured and
-predicted.
+"""Speed-up and efficiency of data parallelism against the global batch, measured and predicted.
 
 ``sweep`` times the real training (``helpers.training.run_trainings``, each world size's batches
 in one launch) for every global batch and every world size that fits the cores, and adds speed-up
-and efficiency over one worker.
-The model explains the table with two fits:
+and efficiency over one worker. The model explains the table with two fits:
 
 * compute: one worker's time per step grows linearly with its batch, ``t(B) = c0 + c1 * B``
   (``fit_compute``, from the 1-worker runs): ``c0`` is what a step costs whatever the batch (the
@@ -365,11 +363,13 @@ def _single_device_verdict(both: pd.DataFrame) -> str:
 
 
 def _why(single: float, ddp: float, free: float | None) -> str:
-    """The reason, as the workers that never communicate tell it (none without them)."""
+    """The reason, as the workers that never communicate tell it (none without them; ``TIE``)."""
     if free is None:
         return ""
     if single <= ddp:
         return "\n    the batch split over workers beat a step's products split over threads"
+    if abs(free - single) <= TIE * max(free, single):
+        return f"\n    threads and workers without an all-reduce tie (within {TIE:.0%})"
     if free > single:
         return "\n    the all-reduce decides: the same workers without it beat the threads"
     return "\n    threads beat even workers without an all-reduce: a step split well over them"
