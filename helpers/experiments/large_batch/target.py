@@ -9,7 +9,8 @@ come back up. With ``hold > 1`` a run is counted as reaching the target only whe
 *stays* below it (``stays_below``): the count is the first checkpoint from which every later loss
 is at or below the target, and the run goes on until that has held for ``hold`` times the steps
 (``HOLD``: 25% more). The default, ``hold = 1``, counts the first checkpoint at or below the
-target, however briefly: what notebook 06 counts until it is re-run with ``HOLD``.
+target, however briefly: what notebook 06 counts, and what Shallue et al. count (the first
+periodic evaluation past the goal).
 One process trains: N workers at global batch B take the same steps (notebooks 03 and 04).
 """
 
