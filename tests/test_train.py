@@ -93,18 +93,22 @@ def test_a_rank_that_dies_before_joining_is_restarted_into_a_fresh_store(
     """The case that breaks helpers.train's attempt count in a shared agent store (its ``_join``):
     rank 1 fails before it joins, on the first attempt only, once rank 0 waits in the group (its
     store accepts connections). With the scheduler files' setting, a fresh store for every
-    attempt, the restart trains on."""
+    attempt, the restart trains on; with the agent's store shared, every restart fails."""
     entry = tmp_path / "dies_first.py"
     entry.write_text(
         "import os, socket, sys, time\n"
         "if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
         "    store = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))\n"
-        "    for _ in range(600):  # until rank 0 hosts the workers' store, in helpers.train\n"
+        "    for _ in range(600):  # until the workers' store is up: a fresh one, rank 0's\n"
         "        try:\n"
         "            socket.create_connection(store, timeout=1).close()\n"
         "            break\n"
         "        except OSError:\n"
         "            time.sleep(0.1)\n"
+        "    if os.environ['TORCHELASTIC_USE_AGENT_STORE'] == 'True':  # up from the start\n"
+        "        import torch.distributed as dist\n"
+        "        agent = dist.TCPStore(*store, is_master=False)\n"
+        "        agent.wait(['helpers.train/starts/rank_0'])  # rank 0 has counted\n"
         "    sys.exit(3)  # before helpers.train prepares, counts or joins\n"
         "from helpers.train import main\n"
         "sys.exit(main())\n"
