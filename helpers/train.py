@@ -210,12 +210,12 @@ def own_options(args: argparse.Namespace) -> list[str]:
 
 
 def _join(env: WorkerEnv, backend: str) -> None:
-    """Join the process group. Under torchrun, through the agent's store, with keys of this
-    attempt only (pytorch/pytorch#135712: a restarted group that read the killed group's Gloo
-    addresses would wait for peers that are gone); the attempt is counted in the store by each
-    rank, since ``TORCHELASTIC_RESTART_COUNT`` differs across nodes (tests/test_slurm.py).
-    Without the agent's store, rank 0 binds the workers' store to 127.0.0.1 when that is
-    ``MASTER_ADDR`` (a ``TCPStore`` would listen on every interface)."""
+    """Join the process group. Under torchrun with the agent's store shared (torch's default),
+    with keys of this attempt only (pytorch/pytorch#135712), each rank counting its own starts
+    (``TORCHELASTIC_RESTART_COUNT`` differs across nodes). That breaks if a rank dies before it
+    counts (in ``prepare``) or a node joins later (``--nnodes MIN:MAX``): the prefixes differ,
+    and the group waits out its timeout. Hence ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in the
+    course's scripts: each attempt's rank 0 hosts a fresh store (on 127.0.0.1 if MASTER_ADDR is)."""
     timeout = timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT)
     if not env.under_torchrun:
         store = dist.HashStore()

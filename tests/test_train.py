@@ -4,6 +4,7 @@ surviving a killed worker; the scheduler files run the same command."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -11,9 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+import yaml
 
 from helpers import train
-from helpers.dist.cluster import run_torchrun, scheduler_commands, train_args_of
+from helpers.dist import cluster
+from helpers.dist.cluster import (
+    REPO,
+    SCHEDULER_FILES,
+    run_torchrun,
+    scheduler_commands,
+    train_args_of,
+)
 from helpers.dist.loopback import (
     LOOPBACK,
     listening_addresses,
@@ -77,6 +86,41 @@ def test_a_killed_worker_is_restarted_and_resumes_from_the_last_checkpoint(in_no
     assert run["checksums"] == in_notebook.checksums  # the uninterrupted run's weights
 
 
+@pytest.mark.slow
+def test_a_rank_that_dies_before_joining_is_restarted_into_a_fresh_store(
+    in_notebook, tmp_path, monkeypatch
+):
+    """The case that breaks helpers.train's attempt count in a shared agent store (its ``_join``):
+    rank 1 fails before it joins, on the first attempt only, once rank 0 waits in the group (its
+    store accepts connections). With the scheduler files' setting, a fresh store for every
+    attempt, the restart trains on; with the agent's store shared, every restart fails."""
+    entry = tmp_path / "dies_first.py"
+    entry.write_text(
+        "import os, socket, sys, time\n"
+        "if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+        "    store = (os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))\n"
+        "    for _ in range(600):  # until the workers' store is up: a fresh one, rank 0's\n"
+        "        try:\n"
+        "            socket.create_connection(store, timeout=1).close()\n"
+        "            break\n"
+        "        except OSError:\n"
+        "            time.sleep(0.1)\n"
+        "    if os.environ['TORCHELASTIC_USE_AGENT_STORE'] == 'True':  # up from the start\n"
+        "        import torch.distributed as dist\n"
+        "        agent = dist.TCPStore(*store, is_master=False)\n"
+        "        agent.wait(['helpers.train/starts/rank_0'])  # rank 0 has counted\n"
+        "    sys.exit(3)  # before helpers.train prepares, counts or joins\n"
+        "from helpers.train import main\n"
+        "sys.exit(main())\n"
+    )
+    monkeypatch.setattr(cluster, "ENTRY", [str(entry)])  # torchrun runs it instead of -m
+    done = run_torchrun(ARGS, nproc_per_node=2, max_restarts=2)
+    assert done.returncodes == [0], done.stderr[0]
+    assert done.lines("exitcode: 3"), "rank 1 should have failed on the first attempt"
+    assert done.run["restarts"] >= 1
+    assert done.run["digest"] == in_notebook.digests[0]  # the same training, bit for bit
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -129,6 +173,20 @@ def test_the_scheduler_files_run_the_same_entry_point_and_options():
         assert words[0] == "torchrun" and words[words.index("--max-restarts") + 1] == "1"
         assert words[words.index("--nproc-per-node") + 1] == "2"
         assert words.index("--nnodes") < words.index("-m")  # torchrun's, on every node
+
+
+def test_every_scheduler_file_gives_each_attempt_a_fresh_store():
+    """None leaves the workers in torchrun's agent store, which outlives a killed group (notebook
+    10, section 7; pytorch/pytorch#135712)."""
+    sbatch = (REPO / SCHEDULER_FILES["slurm"]).read_text()
+    assert re.search(r"^export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1$", sbatch, re.MULTILINE)
+    job = yaml.safe_load((REPO / SCHEDULER_FILES["pytorchjob"]).read_text())
+    envs = [c.get("env", []) for role in job["spec"]["pytorchReplicaSpecs"].values()
+            for c in role["template"]["spec"]["containers"]]  # fmt: skip
+    job = yaml.safe_load((REPO / SCHEDULER_FILES["trainjob"]).read_text())
+    envs.append(job["spec"]["trainer"].get("env", []))
+    for env in envs:
+        assert {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"} in env, env
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net (Linux)")

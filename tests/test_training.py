@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -84,6 +85,10 @@ def test_ddp_keeps_replicas_bit_identical(two_workers):
     assert two_workers.replicas_identical
     assert two_workers.checksums[0] == two_workers.checksums[1]
     assert np.array_equal(two_workers.weights[0], two_workers.weights[1])
+    assert len(two_workers.digests) == 2 and two_workers.digests[0] == two_workers.digests[1]
+    # a digest is SHA-256 of the float32 weights' bytes, parameter after parameter
+    mine = hashlib.sha256(two_workers.weights[0].astype(np.float32).tobytes()).hexdigest()
+    assert two_workers.digests[0] == mine
 
 
 @pytest.mark.slow
@@ -91,6 +96,7 @@ def test_without_communication_replicas_drift_apart():
     run = run_training(2, TrainConfig(global_batch=512, epochs=1, data="standin", sync="none"))
     assert not run.replicas_identical
     assert run.checksums[0] != run.checksums[1]
+    assert run.digests[0] != run.digests[1]
 
 
 @pytest.mark.slow

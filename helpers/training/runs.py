@@ -44,6 +44,8 @@ class RunResult:
     sync: str = "ddp"
     reshard_after_forward: bool = True
     probes: list[dict | None] = field(default_factory=list, repr=False)  # rank by rank
+    # SHA-256 of each rank's weights (weights_digest): equal digests, the same bits
+    digests: list[str] = field(default_factory=list, repr=False)
 
     def to_record(self) -> dict:
         """A JSON-friendly dict (without the per-step losses and weights)."""
@@ -54,6 +56,7 @@ class RunResult:
         record.pop("probes")
         record.pop("sync")
         record.pop("reshard_after_forward")
+        record.pop("digests")
         return record
 
 def run_training(
@@ -133,6 +136,7 @@ def summarise(
         sync=config.sync,
         reshard_after_forward=config.reshard_after_forward,
         probes=[r["probe"] for r in reports],
+        digests=[r["digest"] for r in reports],
     )
 
 @contextmanager
@@ -175,4 +179,5 @@ def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = 
         losses=losses.tolist(),
         weights=[r["weights"]],
         epoch_accuracies=epoch_accuracies,
+        digests=[r["digest"]],
     )
