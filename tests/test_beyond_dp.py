@@ -16,6 +16,7 @@ from helpers.experiments.mixed_precision import (
     cpu_features,
     fsdp_mp_worker,
     held_per_parameter,
+    train_precision,
 )
 from helpers.experiments.parallelism_costs import Workload, costs, tensor_messages
 from helpers.experiments.pipeline import (
@@ -193,6 +194,15 @@ def test_mixed_precision_keeps_sixteen_bytes_per_parameter_with_adam():
     assert sum(held_per_parameter(True).values()) == pytest.approx(16, abs=1e-3)
     # Adam given the bf16 model itself keeps bf16 moments: the mistake the master copy avoids
     assert held_per_parameter(True, adam_on_bf16=True)["optimizer"] == pytest.approx(4, abs=1e-3)
+
+
+def test_precision_training_records_which_test_samples_it_got_right():
+    # the per-sample record McNemar's test pairs (notebook 09) is the accuracy's own evaluation
+    for bf16 in (False, True):
+        run = train_precision(0, bf16, 1, 256, 0.05, "standin")
+        correct = run["correct"]
+        assert correct.dtype == bool and correct.ndim == 1 and 0 < correct.sum() < correct.size
+        assert correct.mean() == pytest.approx(run["accuracy"], abs=1e-6)
 
 
 def test_cpu_features_read_the_flags_line(tmp_path):

@@ -1,4 +1,5 @@
-"""Notebook 09's bytes-sent figure draws the table it is given: read back from the axes."""
+"""Notebook 09's stacked-bar figures (bytes sent, held, saved) draw the tables they are given:
+read back from the axes."""
 
 import matplotlib
 
@@ -8,7 +9,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers.notebook.parallelism_plots import plot_bytes_sent  # noqa: E402
+from helpers.notebook.parallelism_plots import plot_bytes_sent, plot_stacked_bars  # noqa: E402
 
 
 def _table() -> pd.DataFrame:
@@ -46,7 +47,26 @@ def test_bars_are_the_tables_mb_stacked_by_collective():
 
 
 def test_negative_or_empty_tables_are_refused():
-    with pytest.raises(ValueError, match="MB >= 0"):
+    with pytest.raises(ValueError, match="values >= 0"):
         plot_bytes_sent(-_table(), "t", "s")
     with pytest.raises(ValueError, match="one row per set-up"):
         plot_bytes_sent(_table().iloc[:0], "t", "s")
+
+
+def test_held_bytes_stack_by_kind_with_their_unit_and_source():
+    # notebook 09's bytes per parameter: 16 in float32 and mixed, 8 for the mistake row
+    table = pd.DataFrame(
+        {"parameters": [4.0, 2.0, 2.0], "gradients": [4.0, 2.0, 2.0],
+         "master weights": [0.0, 4.0, 0.0], "optimizer": [8.0, 8.0, 4.0]},
+        index=["float32", "mixed bf16", "mixed, Adam on bf16"],
+    )  # fmt: skip
+    fig = plot_stacked_bars(table, "bytes per parameter", "bytes per parameter, Adam",
+                            "read from the tensors", decimals=0)  # fmt: skip
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "bytes per parameter, Adam"
+    assert [t.get_text() for t in ax.texts] == ["16", "16", "8"]
+    # the master weights: one segment only (a zero cell draws none), starting after 2 + 2 bytes
+    master = [p for p in ax.patches if p.get_width() > 0][6]
+    assert master.get_width() == pytest.approx(4.0) and master.get_x() == pytest.approx(4.0)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(table.columns)
+    assert "read from the tensors" in ax.get_title()

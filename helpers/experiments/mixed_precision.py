@@ -200,7 +200,8 @@ def held_per_parameter(mixed: bool, adam_on_bf16: bool = False) -> dict[str, flo
 def train_precision(seed: int, bf16: bool, epochs: int, global_batch: int, lr: float,
                     data: str | None) -> dict:  # fmt: skip
     """The reference training (SGD, the course's data order) from ``seed``, its forward and
-    loss under bf16 autocast or not; the test accuracy, evaluated in the same precision."""
+    loss under bf16 autocast or not; the test accuracy, evaluated in the same precision, and
+    which test samples it got right (for a paired test of two trainings, McNemar's)."""
     har = load_har(data, download=False)
     X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
     torch.manual_seed(seed)
@@ -217,9 +218,12 @@ def train_precision(seed: int, bf16: bool, epochs: int, global_batch: int, lr: f
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
+    X_test, y_test = torch.from_numpy(har.X_test), torch.from_numpy(har.y_test)
     with autocast(bf16):
-        acc = accuracy(model, torch.from_numpy(har.X_test), torch.from_numpy(har.y_test))
-    return {"seed": seed, "bf16": bf16, "accuracy": acc, "losses": losses}
+        acc = accuracy(model, X_test, y_test)
+        with torch.no_grad():
+            correct = (model(X_test).argmax(dim=1) == y_test).numpy()
+    return {"seed": seed, "bf16": bf16, "accuracy": acc, "correct": correct, "losses": losses}
 
 
 def precision_worker(rank: int, world_size: int, seeds: list[int], epochs: int = 5,

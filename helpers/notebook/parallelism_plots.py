@@ -1,7 +1,8 @@
 """Notebook 09's figures: a pipeline step's timeline per stage, the bubble against the number of
 micro-batches, the activations each schedule keeps, bf16 against float32 per instruction set,
-the bytes each set-up sends per step (by collective), and the modelled step time of each
-parallelism against the link's bandwidth.
+stacked bars of the bytes each set-up sends per step (by collective), holds (by kind of state)
+or saves for the backward, and the modelled step time of each parallelism against the link's
+bandwidth.
 Each returns its figure, titled with the source of its data; the notebook calls ``plt.show()``."""
 
 from __future__ import annotations
@@ -152,29 +153,37 @@ def plot_bf16_times(table: pd.DataFrame, source: str) -> Figure:
     return fig
 
 
-def plot_bytes_sent(table: pd.DataFrame, title: str, source: str) -> Figure:
-    """One horizontal bar per set-up (rows of ``table``), stacked by collective (its columns: MB
-    each worker sends per step), the total written at its end. Counted bytes compared at a
-    glance: which set-up sends most, and which collective it sends them in."""
+def plot_stacked_bars(table: pd.DataFrame, title: str, xlabel: str, source: str,
+                      decimals: int = 3) -> Figure:  # fmt: skip
+    """One horizontal bar per set-up (rows of ``table``), stacked by its columns (values >= 0 in
+    the unit ``xlabel`` names), the total written at its end: which set-up costs most, and in
+    what. A column that is zero in every row gets no legend entry."""
     if table.empty or (table < 0).any().any():
-        raise ValueError("plot_bytes_sent needs one row per set-up and MB >= 0 in every column")
+        raise ValueError("a stacked bar chart needs one row per set-up and values >= 0 in every "
+                         "column")  # fmt: skip
     fig, ax = plt.subplots(figsize=(8.0, 0.45 * len(table) + 1.6))
     y = np.arange(len(table))
     left = np.zeros(len(table))
     for i, kind in enumerate(table.columns):
         values = table[kind].to_numpy(dtype=float)
-        if values.any():  # a collective no set-up sends gets no legend entry
+        if values.any():
             ax.barh(y, values, 0.6, left=left, color=f"C{i}", label=kind)
         left += values
     for row, total in zip(y, left, strict=True):
-        ax.annotate(f"{total:.3f}", (total, row), xytext=(3, 0), textcoords="offset points",
-                    va="center", fontsize=8)  # fmt: skip
+        ax.annotate(f"{total:.{decimals}f}", (total, row), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=8)  # fmt: skip
     ax.set_yticks(y, [str(label) for label in table.index], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, 1.4 * left.max())  # room for the legend beside the longest bar
-    ax.set_xlabel("MB each worker sends per step (on a ring)")
+    ax.set_xlabel(xlabel)
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     ax.set_title(f"{textwrap.fill(title, 80)}\n{textwrap.fill(source, 90)}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def plot_bytes_sent(table: pd.DataFrame, title: str, source: str) -> Figure:
+    """``plot_stacked_bars`` of the MB each worker sends per step (columns: the collectives),
+    counted calls priced on a ring."""
+    return plot_stacked_bars(table, title, "MB each worker sends per step (on a ring)", source)
