@@ -322,6 +322,21 @@ def test_cost_is_time_times_cores_times_price():
     assert cost.Setup(2, 1).name == "2 workers x 1 thread" and cost.Setup(1, 2).cores == 2
 
 
+
+def test_timing_configs_train_every_step_they_divide_by_even_where_an_epoch_is_short():
+    from dataclasses import replace
+
+    from helpers.data import load_har
+    from helpers.training import train_in_process
+
+    n = len(load_har("recordings").y_train)
+    (config,) = cost.timing_configs([1024], n, steps=12, data="recordings")
+    assert n // 1024 < 12  # one epoch is too short at this batch: the case that went wrong
+    run = train_in_process(replace(config, record_loss=True), threads=1)
+    # the loop's own record: a loss at each of the 12 steps that step_seconds divides by
+    assert len(run.losses) == 12 and all(loss > 0 for loss in run.losses)
+
+
 @pytest.mark.slow
 def test_epochs_to_target_stops_at_the_target_or_gives_inf():
     reached = cost.epochs_to_target(1024, target=0.0, max_epochs=3, data="recordings")

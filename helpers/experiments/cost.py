@@ -28,7 +28,7 @@ import torch
 
 from helpers.data import load_har
 from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process, train_steps
-from helpers.training.config import make_model, steps_per_epoch
+from helpers.training.config import epochs_for_min_steps, make_model, steps_per_epoch, total_steps
 from helpers.training.runs import torch_threads
 
 UNTIMED = 2  # steps before the clock starts (DDP builds its buckets at the first)
@@ -100,6 +100,15 @@ def epochs_to_target(global_batch: int, target: float, max_epochs: int, lr: floa
             "accuracies": accuracies}  # fmt: skip
 
 
+def timing_configs(global_batches: Sequence[int], n_samples: int, steps: int = 12,
+                   data: str | None = None) -> list[TrainConfig]:  # fmt: skip
+    """One configuration per global batch that takes ``steps`` steps: as many whole epochs as
+    that needs (at 1024 of 7,415 samples an epoch holds only 7 steps), cut at ``steps``."""
+    return [TrainConfig(global_batch=b, epochs=epochs_for_min_steps(b, n_samples, steps),
+                        max_steps=steps, untimed_steps=UNTIMED, data=data)
+            for b in global_batches]  # fmt: skip
+
+
 def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: int = 12,
                  data: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Seconds per step of each setup at each global batch: ``steps`` steps, the first
@@ -108,16 +117,16 @@ def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: 
     har = load_har(data)
     rows = []
     for setup in setups:
-        configs = [TrainConfig(global_batch=b, epochs=1, max_steps=steps, untimed_steps=UNTIMED,
-                               data=har.source) for b in global_batches]  # fmt: skip
+        configs = timing_configs(global_batches, len(har.y_train), steps, har.source)
         if setup.workers == 1:
             runs = [train_in_process(c, threads=setup.threads) for c in configs]
         else:
             runs = run_trainings(setup.workers, configs, threads_per_worker=setup.threads)
         for config, run in zip(configs, runs, strict=True):
+            timed = total_steps(config, len(har.y_train)) - UNTIMED
             rows.append({"setup": setup.name, "workers": setup.workers, "threads": setup.threads,
                          "cores": setup.cores, "global_batch": config.global_batch,
-                         "step_seconds": run.seconds / (steps - UNTIMED)})  # fmt: skip
+                         "step_seconds": run.seconds / timed})  # fmt: skip
     return pd.DataFrame(rows)
 
 
