@@ -44,10 +44,10 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_folder(path.parent)
+    fsync_folder(path.parent)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable. Some systems cannot open or fsync a folder (Windows,
     some network file systems): there the rename is as durable as the system makes it."""
     try:

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.data.files import _fsync_folder, atomic_write, remove_stale
+from helpers.data.files import atomic_write, fsync_folder, remove_stale
 from helpers.dist.collectives import mean_over_ranks
 
 LATEST = "LATEST"
@@ -298,7 +298,7 @@ class Checkpointer:
         _barrier()  # every rank has written its part
         if self.rank == 0:
             shutil.rmtree(final, ignore_errors=True)  # a leftover of an earlier attempt
-            _fsync_folder(partial)  # DCP flushes its files, not their names in the folder
+            fsync_folder(partial)  # DCP flushes its files, not their names in the folder
             os.rename(partial, final)  # made durable by atomic_write's flush of the root
             atomic_write(self.root / LATEST, lambda f: f.write(final.name.encode()))
             for old in saved_steps(self.root)[: -self.spec.keep]:
