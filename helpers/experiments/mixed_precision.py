@@ -26,7 +26,7 @@ from helpers.dist.counting import CollectiveCounter
 from helpers.experiments.memory import local_bytes, state_bytes
 from helpers.experiments.saved_activations import SavedActivations
 from helpers.experiments.split_training import Steps, gaps, one_worker
-from helpers.training.metrics import accuracy
+from helpers.training.metrics import correct_per_sample
 from helpers.training.model import make_mlp
 from helpers.training.order import epoch_order, local_slice
 
@@ -220,10 +220,9 @@ def train_precision(seed: int, bf16: bool, epochs: int, global_batch: int, lr: f
             losses.append(loss.item())
     X_test, y_test = torch.from_numpy(har.X_test), torch.from_numpy(har.y_test)
     with autocast(bf16):
-        acc = accuracy(model, X_test, y_test)
-        with torch.no_grad():
-            correct = (model(X_test).argmax(dim=1) == y_test).numpy()
-    return {"seed": seed, "bf16": bf16, "accuracy": acc, "correct": correct, "losses": losses}
+        correct = correct_per_sample(model, X_test, y_test)
+    return {"seed": seed, "bf16": bf16, "accuracy": correct.float().mean().item(),
+            "correct": correct.numpy(), "losses": losses}  # fmt: skip
 
 
 def precision_worker(rank: int, world_size: int, seeds: list[int], epochs: int = 5,

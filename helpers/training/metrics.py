@@ -28,12 +28,19 @@ def final_weights(model: nn.Module) -> np.ndarray:
     return np.concatenate([p.detach().double().numpy().ravel() for p in model.parameters()])
 
 @torch.no_grad()
-def accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
-    """Fraction of samples whose highest-scoring class is the label."""
+def correct_per_sample(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """For each sample, whether its highest-scoring class is the label (a paired test of two
+    models, McNemar's, needs this, not only the fraction)."""
     model.eval()
-    correct = (model(X).argmax(dim=1) == y).float().mean().item()
+    with torch.no_grad():
+        correct = model(X).argmax(dim=1) == y
     model.train()
     return correct
+
+
+def accuracy(model: nn.Module, X: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of samples whose highest-scoring class is the label."""
+    return correct_per_sample(model, X, y).float().mean().item()
 
 def accuracy_on_test(data: HARData) -> Callable[[nn.Module], float]:
     """A function giving a model's accuracy on the test split."""
