@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
+from fakes import run_result
 
 from helpers.data import ACTIVITIES, HARData, load_har
 from helpers.experiments.replicas import (
@@ -25,20 +26,15 @@ from helpers.experiments.replicas import (
     weight_gap,
 )
 from helpers.notebook.plotting import plot_class_balance, plot_replica_accuracies
-from helpers.training import RunResult, TrainConfig, steps_per_epoch
+from helpers.training import TrainConfig, steps_per_epoch
 
 
 def fake_run(weights: list[np.ndarray], world: int | None = None, accuracy: float = 0.9):
     """A RunResult as run_training would return it with return_weights=True."""
     world = world or len(weights)
     digests = {w.tobytes() for w in weights}
-    return RunResult(
+    return run_result(
         world=world,
-        global_batch=256,
-        epochs=1,
-        threads_per_worker=1,
-        seconds=1.0,
-        startup_seconds=1.0,
         accuracy=accuracy,
         replicas_identical=len(digests) == 1,
         checksums=[float(w.sum()) for w in weights],

@@ -6,6 +6,7 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from fakes import run_result  # noqa: E402
 
 from helpers.experiments.sharding import traffic_table  # noqa: E402
 from helpers.notebook.sharding_plots import (  # noqa: E402
@@ -17,22 +18,7 @@ from helpers.training.runs import RunResult  # noqa: E402
 
 def _run(sync: str, calls: list[tuple[str, int]], step_s: float, replay_s: float) -> RunResult:
     probe = {"calls": calls, "step_seconds": step_s, "replay_seconds": replay_s}
-    return RunResult(
-        world=2,
-        global_batch=256,
-        epochs=1,
-        threads_per_worker=1,
-        seconds=1.0,
-        startup_seconds=1.0,
-        accuracy=0.5,
-        replicas_identical=True,
-        checksums=[],
-        accuracies=[],
-        steps=20,
-        data_source="test",
-        sync=sync,
-        probes=[probe],
-    )
+    return run_result(sync=sync, probes=[probe])
 
 
 def test_the_wire_figure_draws_measured_and_ring_bars_in_the_given_order():
