@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.dist.processes import run_together
+from helpers.dist.processes import TimedOut, run_together
 
 HANGS = """
 import os
@@ -48,3 +48,25 @@ def test_workers_of_a_torchrun_past_its_deadline_are_stopped(tmp_path: Path):
     for pid in alive:  # leave nothing behind, even when the test fails
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"workers {alive} outlived the deadline"
+
+
+def test_a_failed_command_ends_the_others_after_the_grace(tmp_path: Path):
+    """A node that died before its peers could reach it must not leave them waiting out their
+    store timeouts (two minutes, then a retry): the failure ends the run, with everyone's output."""
+    up = tmp_path / "up"
+    waits = [sys.executable, "-c", "import sys, time; print('waiting', flush=True); "
+             "open(sys.argv[1], 'w').close(); time.sleep(600)", str(up)]  # fmt: skip
+    fails = [sys.executable, "-c", "import os, sys, time\n"
+             "while not os.path.exists(sys.argv[1]): time.sleep(0.05)\n"
+             "print('bad input'); sys.exit(3)", str(up)]  # fmt: skip
+    done = run_together([waits, fails], timeout=300, failed_grace=1)
+    assert done[1].returncode == 3 and done[1].stdout == "bad input\n"
+    assert done[0].returncode in (-signal.SIGTERM, -signal.SIGKILL)
+    assert done[0].stdout == "waiting\n"
+
+
+def test_past_the_deadline_the_error_carries_what_each_command_printed():
+    waits = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"]
+    with pytest.raises(TimedOut) as stopped:
+        run_together([waits], timeout=5)
+    assert [f.stdout for f in stopped.value.finished] == ["started\n"]

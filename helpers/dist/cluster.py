@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from helpers.dist.loopback import LOOPBACK, loopback_store
-from helpers.dist.processes import run_together
+from helpers.dist.processes import TimedOut, run_together
 
 # the folder above helpers/, wherever this module sits in the package: the checkout, when it runs
 # from one (an installed copy has no cluster/ there; pass scheduler_commands the checkout's root)
@@ -173,9 +173,10 @@ def run_torchrun(
             commands.append([*(prefixes[node] if prefixes else []), *setting, *argv])
         try:
             done = run_together(commands, timeout, env={**os.environ, **(env or {})})
-        except TimeoutError:
+        except TimedOut as e:
             raise TimeoutError(
                 f"torchrun did not finish within {timeout:g} s; every node and worker stopped"
+                + "".join(_tail(f"node {i}", d.stderr) for i, d in enumerate(e.finished))
             ) from None
         finally:
             del store  # after every node has gone
@@ -184,6 +185,12 @@ def run_torchrun(
     return TorchrunRun(
         commands, [d.returncode for d in done], lead_stdout, [d.stderr for d in done], report
     )
+
+
+def _tail(who: str, text: str, lines: int = 8) -> str:
+    """The last lines ``who`` printed, indented under a heading, to tell where a run stuck."""
+    last = text.strip().splitlines()[-lines:] or ["(nothing)"]
+    return f"\n{who}'s last lines:\n" + "\n".join(f"    {line}" for line in last)
 
 
 def train_args_of(argv: list[str]) -> list[str]:

@@ -50,6 +50,9 @@ def loopback_store(
     socket here and hand it over instead."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # as TCPStore's own listening socket does: a port torchrun picked for the workers' store
+        # may still hold a closed connection (TIME_WAIT), which would refuse a plain bind
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LOOPBACK, port))
         sock.listen()
         store = dist.TCPStore(

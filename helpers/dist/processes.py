@@ -19,6 +19,10 @@ import time
 from dataclasses import dataclass
 
 STOP_GRACE = 15.0  # seconds torchrun's agent gets to stop its workers before everything is killed
+# seconds the others get to end once one command has failed: a node whose peer died before it
+# listened waits out its store's connect timeout (120 s, then a retry), as under srun
+# --kill-on-bad-exit a job ends soon after any task fails
+FAILED_GRACE = 20.0
 
 
 @dataclass
@@ -30,12 +34,25 @@ class Finished:
     stderr: str
 
 
+class TimedOut(TimeoutError):
+    """Past the deadline: every command was stopped; ``finished`` holds what each printed."""
+
+    def __init__(self, message: str, finished: list[Finished]) -> None:
+        super().__init__(message)
+        self.finished = finished
+
+
 def run_together(
-    commands: list[list[str]], timeout: float, env: dict[str, str] | None = None
+    commands: list[list[str]],
+    timeout: float,
+    env: dict[str, str] | None = None,
+    failed_grace: float = FAILED_GRACE,
 ) -> list[Finished]:
     """Run ``commands`` at once and wait for all of them, ``timeout`` seconds at most in all.
-    Raises ``TimeoutError`` past it, after killing every command and what it started (as on
-    Ctrl-C or any other error)."""
+    Raises ``TimedOut`` (a ``TimeoutError``) past it, after killing every command and what it
+    started (as on Ctrl-C or any other error), with what they printed until then. Once one
+    command has failed (a nonzero exit), the others get ``failed_grace`` seconds more, then are
+    stopped: they return with the signal's exit code, and no error is raised."""
     with (
         tempfile.TemporaryDirectory(prefix="run-together-") as tmp,
         contextlib.ExitStack() as stack,
@@ -50,10 +67,13 @@ def run_together(
                         command, stdout=out, stderr=err, text=True, env=env, start_new_session=True
                     )
                 )
-            _wait_all(procs, time.monotonic() + timeout, timeout)
+            timed_out = not _wait_all(procs, time.monotonic() + timeout, failed_grace)
         finally:
             _kill_every_group(procs)
-        return [Finished(p.returncode, *map(_read, o)) for p, o in zip(procs, outputs, strict=True)]
+        done = [Finished(p.returncode, *map(_read, o)) for p, o in zip(procs, outputs, strict=True)]
+        if timed_out:
+            raise TimedOut(f"{len(procs)} command(s) did not finish within {timeout:g} s", done)
+        return done
 
 
 def _read(file) -> str:  # noqa: ANN001 - an open text file
@@ -61,14 +81,20 @@ def _read(file) -> str:  # noqa: ANN001 - an open text file
     return file.read()
 
 
-def _wait_all(procs: list[subprocess.Popen], deadline: float, timeout: float) -> None:
-    for p in procs:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(
-                f"{len(procs)} command(s) did not finish within {timeout:g} s; all stopped"
-            ) from None
+def _wait_all(procs: list[subprocess.Popen], deadline: float, failed_grace: float) -> bool:
+    """Wait until every command has ended (True), ``deadline`` has passed (False), or
+    ``failed_grace`` seconds after the first failure (True: the failure is the answer)."""
+    stop_at = deadline
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(code is not None for code in codes):
+            return True
+        now = time.monotonic()
+        if any(code for code in codes) and stop_at == deadline:
+            stop_at = min(deadline, now + failed_grace)
+        if now >= stop_at:
+            return stop_at < deadline
+        time.sleep(min(0.1, stop_at - now))
 
 
 def _kill_every_group(procs: list[subprocess.Popen], grace: float = STOP_GRACE) -> None:
