@@ -96,11 +96,11 @@ else
 endif
 	$(CHECKED) DDP_COURSE_BROWSER=$(CHROMIUM) $(PY) -m pytest tests/browser -rxs $(ARGS)
 
-## lab: JupyterLab on lab/, your own copy of notebooks/ (made on first use; notebooks/ stays as committed)
+## lab: JupyterLab on lab/, your own copy of notebooks/ (made on first use; notebooks/ stays as committed), on the recordings unless HAR_DATA is set
 lab: $(INSTALLED)
 	mkdir -p lab
 	for nb in $(NOTEBOOKS); do test -e "lab/$${nb#notebooks/}" || cp "$$nb" lab/; done
-	$(VENV)/bin/jupyter lab lab/
+	HAR_DATA=$${HAR_DATA:-recordings} $(VENV)/bin/jupyter lab lab/
 
 ## warm: before class: the venv, the data caches and first imports, so nothing downloads in class
 warm: $(INSTALLED)
