@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -197,12 +198,33 @@ def test_default_timeouts_are_read_from_torch():
     assert timeouts["gloo (and every backend but NCCL)"] == "0:30:00"
 
 
+def test_cpu_seconds_reads_a_computing_process_then_a_sleeping_one_then_none():
+    """What torchrun_hang tells a hang by: the workers' CPU time stops growing."""
+    script = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", script + "time.sleep(30)"])
+    try:
+        deadline, used = time.monotonic() + 30, 0.0
+        while used < 0.5 and time.monotonic() < deadline:  # computing
+            time.sleep(0.1)
+            used = hangs.cpu_seconds(child.pid)
+        assert used >= 0.5
+        time.sleep(0.5)  # asleep now, as a worker waiting in a collective
+        assert hangs.cpu_seconds(child.pid) - used < 0.05
+    finally:
+        child.kill()
+        child.wait()
+    assert hangs.cpu_seconds(child.pid) is None  # reaped: the pid names no process
+
+
 @pytest.mark.slow
 def test_a_hang_under_torchrun_is_stopped_and_nothing_of_it_survives():
     """torchrun's workers run in sessions of their own: whatever stops the job must stop them
     too. The job's processes are found by a tag in their environment."""
-    hang = hangs.torchrun_hang(hang_for=20.0)
+    hang = hangs.torchrun_hang(hang_for=5.0)
     assert not hang.finished and all(code != 0 for code in hang.returncodes)
+    # the workers were found idle (hung, not starting) and stayed so until the stop
+    assert hang.hung_at is not None and 5.0 <= hang.hung_for < hang.seconds - hang.hung_at
+    assert hang.hang_cpu < hangs.IDLE_SHARE
     assert not any("rror" in line for node in hang.before_stop for line in node)
     assert all(any("death signal" in line for line in node) for node in hang.after_stop)
     assert hang.left == []

@@ -11,7 +11,7 @@ import torch
 
 from helpers.dist.counting import COUNTED, per_step_traffic, wire_bytes
 from helpers.dist.launch import WorkerError, launch
-from helpers.experiments.memory import expected_bytes
+from helpers.experiments.memory import expected_bytes, momentum_step_bytes, stored_bytes
 from helpers.experiments.replicas import weight_gap
 from helpers.experiments.sharding import (
     ShardingProbe,
@@ -168,6 +168,20 @@ def test_zero_stages_arithmetic():
     assert sum(expected_bytes(100, "sgd", 4, 3).values()) == 50
     with pytest.raises(ValueError, match="stage"):
         expected_bytes(100, "adam", 4, 4)
+
+
+def test_stored_bytes_counts_each_storage_once_and_whole():
+    weights = torch.zeros(10, 4)
+    assert stored_bytes([weights, weights[:2], weights.t()]) == 160  # views share its storage
+    assert stored_bytes([weights[:2].clone()]) == 32
+
+
+def test_each_fsdp2_worker_stores_half_of_every_part_after_a_momentum_step():
+    """Notebook 08's exercise 1 grades against these storages: on 2 workers every part, the
+    momentum included, is split evenly (the reference MLP's rows are even)."""
+    whole = momentum_step_bytes()
+    assert whole == dict.fromkeys(("parameters", "gradients", "optimizer_state"), PARAM_BYTES)
+    assert launch(momentum_step_bytes, 2) == [{k: v // 2 for k, v in whole.items()}] * 2
 
 
 def test_ring_bytes_per_worker():

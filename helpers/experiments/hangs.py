@@ -27,6 +27,8 @@ import os
 import pickle
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -221,22 +223,87 @@ MISMATCHED_NODES = [["env", "HAR_DATA=recordings"], ["env", "HAR_DATA=standin"]]
 MISMATCHED_ARGS = ["--global-batch", "320", "--epochs", "1", "--threads-per-worker", "1"]
 
 
+QUIET = 1.0  # seconds with every worker idle that mark the hang's start
+IDLE_SHARE = 0.05  # of a core: a worker waiting in a collective sleeps; a training one computes
+POLL = 0.2  # seconds between two readings of the workers' CPU time
+
+
 @dataclass
 class TorchrunHang:
     """What torchrun did with a job that hangs, and what was left of it afterwards."""
 
     finished: bool  # True if the job ended by itself before it was stopped
     seconds: float  # from the start to the end of every torchrun
+    hung_at: float | None  # seconds from the start to the hang (None: not reached)
+    hung_for: float  # seconds from the hang to the stop signal (0 if not reached)
+    hang_cpu: float  # the largest share of a core a worker used while hung (nan if not)
     before_stop: list[list[str]]  # each node's lines of output before the stop signal
     after_stop: list[list[str]]  # each node's log lines from the stop on (pids as PID)
     returncodes: list[int]
     left: list[int]  # processes of the job still alive afterwards (then killed)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user and system) process ``pid`` has used so far, None if it has gone: from
+    /proc on Linux, from ``ps`` elsewhere (macOS, to the hundredth of a second)."""
+    if sys.platform.startswith("linux"):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    out = subprocess.run(["ps", "-o", "time=", "-p", str(pid)], capture_output=True,
+                         text=True).stdout.strip()  # fmt: skip
+    if not out:
+        return None
+    days, _, clock = out.rpartition("-")  # [[dd-]hh:]mm:ss.cc
+    seconds = 0.0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + float(part)
+    return seconds + 86400 * int(days or 0)
+
+
 def _torchrun_agents(tag: dict[str, str]) -> list[int]:
     """The torchrun processes among those that carry ``tag``."""
     commands = leftovers.commands(leftovers.tagged(tag))
     return [pid for pid, command in commands.items() if "torch.distributed.run" in command]
+
+
+def _torchrun_workers(tag: dict[str, str]) -> list[int]:
+    """The training processes the torchruns carrying ``tag`` started."""
+    commands = leftovers.commands(leftovers.tagged(tag))
+    return [pid for pid, command in commands.items()
+            if "helpers.train" in command and "torch.distributed.run" not in command]  # fmt: skip
+
+
+def _cpu_of(pids: list[int]) -> dict[int, float] | None:
+    """Each process's CPU time, or None if one of them has gone."""
+    used = {pid: cpu_seconds(pid) for pid in pids}
+    return None if any(v is None for v in used.values()) else used  # type: ignore[return-value]
+
+
+def _wait_for_hang(thread: threading.Thread, tag: dict[str, str], workers: int,
+                   limit: float) -> tuple[float, dict[int, float]] | None:  # fmt: skip
+    """When every one of the job's ``workers`` training processes stopped computing (used under
+    ``IDLE_SHARE`` of a core for ``QUIET`` seconds; a worker waiting in a collective sleeps),
+    as a ``time.monotonic()`` reading, with their CPU times then. None if the job ended, or
+    did not hang within ``limit`` seconds: start-up (imports, data, rendezvous) and training
+    keep them busy."""
+    deadline, pids, history = time.monotonic() + limit, [], []
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(POLL)
+        if len(pids) < workers:
+            pids = _torchrun_workers(tag)
+            continue
+        now, used = time.monotonic(), _cpu_of(pids)
+        if used is None:
+            return None
+        history.append((now, used))
+        past = [(t, u) for t, u in history if now - t >= QUIET]
+        if past and all(used[p] - past[-1][1][p] <= IDLE_SHARE * (now - past[-1][0])
+                        for p in pids):  # fmt: skip
+            return past[-1]
+    return None
 
 
 def _split_at_stop(stderr: str) -> tuple[list[str], list[str]]:
@@ -249,34 +316,22 @@ def _split_at_stop(stderr: str) -> tuple[list[str], list[str]]:
     return lines[:at], after
 
 
-def torchrun_hang(hang_for: float = 20.0, grace: float = 30.0) -> TorchrunHang:
-    """``python -m helpers.train`` on two nodes of one worker each whose data differ
-    (``MISMATCHED_NODES``), through ``helpers.dist.cluster.run_torchrun``; after ``hang_for``
-    seconds every torchrun is sent SIGTERM, as a scheduler stops a job (Slurm at its time
-    limit, ``scancel``), and its agent stops its workers. Every process of the job carries a
-    tag, so that any left afterwards is found (``left``), wherever it was re-parented, and
-    killed."""
-    tag = leftovers.new_tag()
-    outcome: dict = {}
+def _held(hang: tuple[float, dict[int, float]]) -> tuple[float, float]:
+    """Seconds since the hang began, and the largest share of a core a worker used since (nan
+    if one has gone: not a hang held to the end)."""
+    hung_for, used = time.monotonic() - hang[0], _cpu_of(list(hang[1]))
+    if used is None:
+        return hung_for, float("nan")
+    return hung_for, max((used[p] - hang[1][p]) / hung_for for p in used)
 
-    def run() -> None:
-        try:
-            outcome["run"] = run_torchrun(MISMATCHED_ARGS, nproc_per_node=1, nnodes=2,
-                                          timeout=hang_for + grace + 60, env=tag,
-                                          prefixes=MISMATCHED_NODES)  # fmt: skip
-        except BaseException as exc:  # noqa: BLE001 - reported below, in this thread
-            outcome["error"] = exc
 
-    started = time.monotonic()
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(hang_for)
-    finished = not thread.is_alive()
-    if not finished:
-        for pid in _torchrun_agents(tag):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        thread.join(grace)
+def _stop(thread: threading.Thread, tag: dict[str, str], grace: float) -> list[int]:
+    """SIGTERM to every torchrun of the job still running, ``grace`` seconds for them to stop
+    their workers; then the job's processes still alive after 5 s more, each killed."""
+    for pid in _torchrun_agents(tag):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    thread.join(grace)
     deadline, left = time.monotonic() + 5.0, leftovers.tagged(tag)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -284,10 +339,44 @@ def torchrun_hang(hang_for: float = 20.0, grace: float = 30.0) -> TorchrunHang:
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def torchrun_hang(hang_for: float = 12.0, grace: float = 30.0,
+                  reach_within: float = 120.0) -> TorchrunHang:  # fmt: skip
+    """``python -m helpers.train`` on two nodes of one worker each whose data differ
+    (``MISMATCHED_NODES``), through ``helpers.dist.cluster.run_torchrun``. Once both workers
+    have stopped computing (the hang reached, ``_wait_for_hang``; given up after
+    ``reach_within`` seconds) and ``hang_for`` seconds more, every torchrun is sent SIGTERM, as
+    a scheduler stops a job (Slurm at its time limit, ``scancel``), and its agent stops its
+    workers. Every process of the job carries a tag, so that any left afterwards is found
+    (``left``), wherever it was re-parented, and killed."""
+    tag = leftovers.new_tag()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["run"] = run_torchrun(MISMATCHED_ARGS, nproc_per_node=1, nnodes=2,
+                                          timeout=reach_within + hang_for + grace + 60,
+                                          env=tag, prefixes=MISMATCHED_NODES)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported below, in this thread
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    hang = _wait_for_hang(thread, tag, len(MISMATCHED_NODES), reach_within)
+    if hang is not None:
+        thread.join(max(0.0, hang[0] + hang_for - time.monotonic()))
+    finished = not thread.is_alive()
+    hung_for, hang_cpu = _held(hang) if hang is not None and not finished else (0.0, float("nan"))
+    left = _stop(thread, tag, grace)  # if the job ended by itself: what it left, killed
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
     run = outcome["run"]
     split = [_split_at_stop(err) for err in run.stderr]
-    return TorchrunHang(finished, time.monotonic() - started, [b for b, _ in split],
-                        [a for _, a in split], run.returncodes, left)  # fmt: skip
+    return TorchrunHang(finished, time.monotonic() - started,
+                        None if hang is None else hang[0] - started, hung_for, hang_cpu,
+                        [b for b, _ in split], [a for _, a in split], run.returncodes,
+                        left)  # fmt: skip

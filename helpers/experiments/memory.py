@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -18,12 +19,47 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from helpers.training.model import N_FEATURES, make_mlp
+
 MB = 1e6
 
 def local_bytes(tensor: torch.Tensor) -> int:
     """Bytes this worker stores for ``tensor``: its local shard if it is a ``DTensor``."""
     local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
     return local.numel() * local.element_size()
+
+def stored_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the storages behind ``tensors`` (a ``DTensor``'s local shard), each storage
+    counted once: what the allocator holds for them, a view's whole storage and any padding
+    included, where ``local_bytes`` counts elements."""
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+    storages = (t.untyped_storage() for t in local)
+    return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
+
+def momentum_step_bytes(rank: int = 0, world_size: int = 1) -> dict[str, int]:
+    """The reference MLP after one step of SGD with momentum, and the bytes of the storages this
+    worker holds for its parameters, gradients and momentum (``stored_bytes``). Called in one
+    process it stays whole, as on a DDP worker. Launched on several workers
+    (``helpers.dist.launch``), FSDP2 shards it over them (every ``Linear`` a unit, then the
+    model), and each reports its own shards: the stored bytes that ZeRO-3's arithmetic predicts."""
+    torch.manual_seed(0)
+    model = make_mlp()
+    if world_size > 1:
+        from torch.distributed.fsdp import fully_shard  # imported here: about a second
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, N_FEATURES)).sum().backward()
+    optimizer.step()
+    params = list(model.parameters())
+    return {
+        "parameters": stored_bytes(params),
+        "gradients": stored_bytes(p.grad for p in params),
+        "optimizer_state": stored_bytes(optimizer.state[p]["momentum_buffer"] for p in params),
+    }
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state this worker holds, from its tensors."""
