@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-STEPS, DEADLINE_S = 20, 20.0  # a run not done by the deadline is stopped: a hang
+STEPS, DEADLINE_S = 20, 60.0  # a run not done by the deadline is stopped: a hang
 
 
 def worker(rank: int, port: int, bucket_cap_mb: float | None) -> None:
