@@ -62,6 +62,9 @@ def test_the_knobs_that_keep_the_arithmetic_train_default_ddps_weights_bit_for_b
     assert profiled.loc[kn.DEFAULT.name, "all-reduce calls"] > 0
     assert profiled.loc[kn.SILENT.name, "all-reduce calls"] == 0
     assert profiled.loc[kn.DEFAULT.name, "copies"] > profiled.loc[kn.SILENT.name, "copies"]
+    # profile_all_threads records Gloo's threads running the all-reduces; silent workers have none
+    assert profiled.loc[kn.DEFAULT.name, kn.GLOO_THREADS] > 0
+    assert profiled.loc[kn.SILENT.name, kn.GLOO_THREADS] == 0
 
 
 def test_calibrated_compute_passes_through_the_silent_steps():

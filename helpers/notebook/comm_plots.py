@@ -9,6 +9,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
+from helpers.experiments.comm_engineering.knobs import GLOO_THREADS
+
 # --------------------------------------------------------------------------- notebook 07: overlap
 
 
@@ -139,7 +141,8 @@ def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: f
     left.legend(fontsize=8, loc="lower right")
     left.grid(axis="x", alpha=0.3)
     bottom = pd.Series(0.0, index=profiled.index)
-    for i, part in enumerate(c for c in profiled.columns if c != "step_ms"):
+    # the training's thread, stacked; Gloo's threads run beside it and are not part of its step
+    for i, part in enumerate(c for c in profiled.columns if c not in ("step_ms", GLOO_THREADS)):
         right.bar(profiled.index, profiled[part], bottom=bottom, color=f"C{i}", label=part)
         bottom += profiled[part]
     right.set_ylabel("ms per step (the training's thread)")

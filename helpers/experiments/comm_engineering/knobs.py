@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
 
 from helpers.data import load_har
 from helpers.dist.cores import pin_threads, thread_affinities
@@ -226,6 +227,8 @@ def knob_table(found: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# the profile's column for what the threads beside the training's recorded
+GLOO_THREADS = "Gloo's threads"
 # what each profiled operator is, by name; everything else on the main thread is "other ops"
 _COMPUTE = ("aten::mm", "aten::addmm", "aten::clamp_min", "aten::threshold_backward",
             "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
@@ -235,21 +238,26 @@ _COPIES = ("aten::copy_", "aten::mul", "aten::mul_", "aten::div_", "aten::div", 
 
 
 def profile_steps(model: nn.Module, X, y, batches) -> dict[str, float]:
-    """Milliseconds per step, from ``torch.profiler``'s record of this thread's operators: the
+    """Milliseconds per step, from ``torch.profiler``'s record of the training's thread: the
     step's wall time; the compute (matrix products, activations, loss, the optimizer's update);
     copies and scalings (DDP copies every gradient into its bucket, scaled by 1/N, and back);
     the all-reduce calls issued here; other operators; and the time in no operator at all, which
-    under DDP is mostly the wait for the all-reduces to complete at the end of backward."""
+    under DDP is mostly the wait for the all-reduces to complete at the end of backward. Beside
+    them, "Gloo's threads": what every other thread recorded (``profile_all_threads``), the spans
+    in which Gloo's threads run the all-reduces, waiting for the other worker included."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # no timestamped start/stop lines on stderr
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    every_thread = _ExperimentalConfig(profile_all_threads=True)
+    with profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
         wall = sum(_train_with(optimizer, model, X, y, idx) for idx in batches)
-    thread = None
+    events = list(prof.events())
+    thread = Counter(e.thread for e in events).most_common(1)[0][0]  # the training's: busiest
     parts = {"compute": 0.0, "copies": 0.0, "all-reduce calls": 0.0, "other ops": 0.0}
-    for event in prof.events():
-        if thread is None and event.name.startswith("aten::"):
-            thread = event.thread  # the training's thread; Gloo's do not record here
+    others = 0.0
+    for event in events:
         if event.thread != thread:
+            if event.cpu_parent is None:  # a top-level span, its children inside it
+                others += event.cpu_time_total / 1e3
             continue
         if event.name in _COMPUTE or event.name.startswith("Optimizer.step"):
             key = "compute"
@@ -264,6 +272,7 @@ def profile_steps(model: nn.Module, X, y, batches) -> dict[str, float]:
     out = {k: v / n for k, v in parts.items()}
     out["step_ms"] = 1e3 * wall / n
     out["no operator (waiting)"] = max(out["step_ms"] - sum(parts.values()) / n, 0.0)
+    out[GLOO_THREADS] = others / n
     return out
 
 
@@ -276,7 +285,9 @@ def _train_with(optimizer, model: nn.Module, X, y, idx) -> float:  # noqa: ANN00
 
 
 def profile_table(found: dict) -> pd.DataFrame:
-    """The profiled steps side by side: milliseconds per step by what the thread did."""
+    """The profiled steps side by side: milliseconds per step by what the training's thread did,
+    its step, then Gloo's threads (beside the step, not part of it)."""
     table = pd.DataFrame(found["profiles"]).T
     table["step_ms"] = table.pop("step_ms")
+    table[GLOO_THREADS] = table.pop(GLOO_THREADS)
     return table
