@@ -9,7 +9,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers.notebook.parallelism_plots import plot_bytes_sent, plot_stacked_bars  # noqa: E402
+from helpers.notebook.parallelism_plots import (  # noqa: E402
+    plot_bytes_sent,
+    plot_link_sweeps,
+    plot_stacked_bars,
+)
 
 
 def _table() -> pd.DataFrame:
@@ -70,3 +74,14 @@ def test_held_bytes_stack_by_kind_with_their_unit_and_source():
     assert master.get_width() == pytest.approx(4.0) and master.get_x() == pytest.approx(4.0)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(table.columns)
     assert "read from the tensors" in ax.get_title()
+
+
+def test_link_marks_are_drawn_only_on_their_own_panel():
+    index = pd.Index(np.geomspace(1e8, 1e12, 5))
+    sweep = pd.DataFrame({"data (DDP)": np.linspace(10, 1, 5)}, index=index)
+    sweeps = {"small": sweep, "big": sweep}
+    fig = plot_link_sweeps(sweeps, "test data", {"small": {"loopback": 1.3e9}})
+    texts = [[t.get_text().strip() for t in ax.texts] for ax in fig.axes]
+    assert texts == [["loopback"], []]  # a link that exists for one workload only
+    with pytest.raises(ValueError, match="key them by title"):
+        plot_link_sweeps(sweeps, "test data", {"loopback": {"x": 1e9}})

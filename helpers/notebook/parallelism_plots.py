@@ -77,17 +77,21 @@ def plot_bubble(table: pd.DataFrame, stages: int, source: str) -> Figure:
 
 
 def plot_link_sweeps(sweeps: dict[str, pd.DataFrame], source: str,
-                     marks: dict[str, float] | None = None) -> Figure:  # fmt: skip
+                     marks: dict[str, dict[str, float]] | None = None) -> Figure:  # fmt: skip
     """One panel per workload: the modelled step time of each strategy against the link's
     bandwidth (``parallelism_costs.sweep_links``), strategies that do not fit the memory left
-    out; vertical lines at named bandwidths (``marks``, bytes per second)."""
+    out; vertical lines at named bandwidths (``marks``: per panel title, name to bytes per
+    second, so that a link is marked only where it exists)."""
     fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.4), squeeze=False)
+    unknown = set(marks or {}) - set(sweeps)
+    if unknown:
+        raise ValueError(f"marks for panels not in sweeps: {sorted(unknown)}; key them by title")
     for ax, (title, sweep) in zip(axes[0], sweeps.items(), strict=True):
         for i, strategy in enumerate(sweep.columns):
             fits = sweep[strategy].notna().any()
             ax.plot(sweep.index / 1e9, sweep[strategy], color=f"C{i}",
                     label=strategy if fits else f"{strategy}: does not fit")  # fmt: skip
-        for name, bandwidth in (marks or {}).items():
+        for name, bandwidth in (marks or {}).get(title, {}).items():
             ax.axvline(bandwidth / 1e9, color="0.6", lw=0.8, ls=":")
             ax.text(bandwidth / 1e9, 1.0, f" {name}", transform=ax.get_xaxis_transform(),
                     rotation=90, va="top", fontsize=7, color="0.4")  # fmt: skip
