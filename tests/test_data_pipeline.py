@@ -248,7 +248,13 @@ def test_the_figures_draw_every_run_and_baseline_and_name_the_data():
     left = fig.axes[0]
     assert [t.get_text() for t in left.get_yticklabels()] == ["slow", "fast (OVERSUBSCRIBED)"]
     assert "DATA BANNER" in fig._suptitle.get_text()
-    assert len(left.patches) == 2 * len(pl.REGIONS + ("other",))
+    # one bar a run on the log axis, the regions stacked only as shares
+    assert [round(p.get_width(), 6) for p in left.patches] == list(table["step_ms"].round(6))
+    right = fig.axes[1]
+    assert len(right.patches) == 2 * len(pl.REGIONS + ("other",))
+    ends = [max(p.get_x() + p.get_width() for p in right.patches if p.get_y() < i < p.get_y() + 1)
+            for i in (0, 1)]  # fmt: skip
+    assert ends == pytest.approx([1.0, 1.0])
 
     sweep = add_speedup(pd.DataFrame({"world": [1, 2], "global_batch": [256, 256],
                                       "threads_per_worker": [1, 1], "seconds": [4.0, 3.0]}))

@@ -18,33 +18,31 @@ _PART_COLOURS = {"data wait": "C3", "forward": "C0", "backward": "C1", "optimize
 
 
 def plot_step_breakdown(table: pd.DataFrame, banner: str) -> Figure:
-    """Each run of ``data_pipeline.pipeline_table`` as one bar: left, its milliseconds per step,
-    stacked by region (log scale: the runs differ a hundredfold); right, the same as shares of
-    the step. Oversubscribed runs are marked in their label."""
+    """Each run of ``data_pipeline.pipeline_table`` as a row: left, its milliseconds per step (log
+    scale: the runs differ a hundredfold); right, the step split by region, as shares. Not
+    stacked on the log axis, where a segment's length would not be its share. Oversubscribed runs
+    are marked in their label."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.55 * len(table) + 2.2), sharey=True)
     labels = [
         run + (" (OVERSUBSCRIBED)" if over else "")
         for run, over in zip(table["run"], table["oversubscribed"], strict=True)
     ]
     y = range(len(table))
-    left_edge = pd.Series(0.0, index=table.index)
+    left.barh(y, table["step_ms"], color="0.55")
     share_edge = pd.Series(0.0, index=table.index)
     for part in PARTS:
-        ms = table[f"{part} ms"]
-        share = ms / table["step_ms"]
-        colour = _PART_COLOURS[part]
-        left.barh(y, ms, left=left_edge, color=colour, label=part)
-        right.barh(y, share, left=share_edge, color=colour, label=part)
-        left_edge, share_edge = left_edge + ms, share_edge + share
+        share = table[f"{part} ms"] / table["step_ms"]
+        right.barh(y, share, left=share_edge, color=_PART_COLOURS[part], label=part)
+        share_edge = share_edge + share
     for i, ms in enumerate(table["step_ms"]):
         left.text(ms * 1.1, i, f"{ms:,.1f} ms", va="center", fontsize=8)
     left.set_xscale("log")
     left.set_xlim(min(0.5, table["step_ms"].min() / 2), table["step_ms"].max() * 6)
     left.set_yticks(list(y), labels, fontsize=8)
     left.invert_yaxis()
-    left.set_xlabel("milliseconds per step, stacked by region (log scale)")
+    left.set_xlabel("milliseconds per step (log scale)")
     right.set_xlim(0, 1)
-    right.set_xlabel("share of the step")
+    right.set_xlabel("share of the step, by profiled region")
     right.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:.0%}"))
     handles, names = right.get_legend_handles_labels()
     fig.legend(handles, names, fontsize=8, loc="lower center", ncol=len(PARTS))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
@@ -39,6 +40,14 @@ def machine_facts() -> dict:
         "torch": torch.__version__,
         "thread_policy": thread_policy_note(),
     }
+
+
+def load_text() -> str:
+    """The machine's load beside its cores. A timing taken while other programs keep the cores
+    busy measures the sharing too: print this beside every sweep (it counts the run's own
+    processes as well)."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min), on {machine_cores()} core(s)"
 
 
 def speedup(baseline_seconds: float, seconds: float) -> float:
