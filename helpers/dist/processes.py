@@ -90,8 +90,8 @@ def _wait_all(procs: list[subprocess.Popen], deadline: float, failed_grace: floa
         if all(code is not None for code in codes):
             return True
         now = time.monotonic()
-        if any(code for code in codes) and stop_at == deadline:
-            stop_at = min(deadline, now + failed_grace)
+        if any(codes):  # the first failure sets it: later readings give later times
+            stop_at = min(stop_at, now + failed_grace)
         if now >= stop_at:
             return stop_at < deadline
         time.sleep(min(0.1, stop_at - now))
