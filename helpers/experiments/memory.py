@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from helpers.training.config import TrainConfig
 from helpers.training.model import N_FEATURES, make_mlp
+from helpers.training.wrap import wrap_fsdp2
 
 MB = 1e6
 
@@ -45,12 +47,7 @@ def momentum_step_bytes(rank: int = 0, world_size: int = 1) -> dict[str, int]:
     torch.manual_seed(0)
     model = make_mlp()
     if world_size > 1:
-        from torch.distributed.fsdp import fully_shard  # imported here: about a second
-
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+        model = wrap_fsdp2(model, TrainConfig(sync="fsdp2"))  # the course's units
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(8, N_FEATURES)).sum().backward()
     optimizer.step()
