@@ -17,6 +17,7 @@ from helpers.dist.wakeups import (
     _thread_switches,
     kernel_hz,
     probe_wakeups,
+    steal_seconds,
     stopped_spinner,
 )
 
@@ -29,6 +30,15 @@ def test_kernel_hz_reads_a_build_configuration(tmp_path: Path):
     assert kernel_hz([plain]) == 300
     assert kernel_hz([tmp_path / "missing", packed]) == 250  # the first readable one
     assert kernel_hz([tmp_path / "missing"]) is None
+
+
+def test_steal_is_the_eighth_number_of_the_cpu_line(tmp_path: Path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1510466 137 180615 958132 5785 0 4676 7634 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    assert steal_seconds(stat) == 7634 / os.sysconf("SC_CLK_TCK")
+    stat.write_text("intr 1 2 3\n")
+    assert steal_seconds(stat) is None  # not a cpu line: unreadable, not zero
+    assert steal_seconds(tmp_path / "missing") is None
 
 
 def test_a_sleep_is_a_voluntary_switch_of_this_thread():
@@ -52,12 +62,18 @@ def test_the_spinner_is_stopped_then_gone():
 def test_probe_refuses_too_few_calls():
     with pytest.raises(ValueError, match="calls >= 4"):
         probe_wakeups(calls=2)
+    with pytest.raises(ValueError, match="block >= 1"):
+        probe_wakeups(block=0)
 
 
 def test_probe_between_two_workers():
-    table = probe_wakeups(nbytes=4096, calls=8)
+    table = probe_wakeups(nbytes=4096, calls=8, block=3)  # 3 rounds, the last one short
     assert len(table) == len(CONDITIONS)
     assert all(len(times) == 8 for times in table.attrs["times"])
+    assert all(0 < t < 60 for times in table.attrs["times"] for t in times)  # all timed (no NaN)
+    assert 0 < sum(sum(times) for times in table.attrs["times"]) < table.attrs["seconds"]
+    steal = table.attrs["steal_s"]
+    assert steal is None or 0 <= steal <= table.attrs["seconds"] * table.attrs["cpus"] + 0.02
     assert (table["p25_ms"] <= table["median_ms"]).all()
     assert (table["median_ms"] <= table["p75_ms"]).all()
     assert (table["voluntary"] >= 1).all()  # each call sleeps: Gloo does not busy-wait

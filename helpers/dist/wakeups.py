@@ -3,15 +3,17 @@
 An all-reduce between processes is a chain of wake-ups: the calling thread hands the work to
 Gloo's threads and sleeps, they send, sleep until the peer's bytes arrive, wake the caller. Each
 wake-up needs a free core. When every core is busy (the other worker, another program), the
-woken thread waits in the run queue until the scheduler takes the core from whatever runs
-there, which a kernel without forced preemption may do only at its next timer tick (every
-``1 / HZ`` seconds: 4 ms at ``HZ = 250``). A fraction of the calls then take a tick longer: a
-second mode, whatever the message size.
+woken thread waits in the run queue until the kernel's scheduler (EEVDF since Linux 6.6, CFS
+before) preempts whatever runs there. If it does not at the wake-up, it next decides at its
+timer tick (every ``1 / HZ`` seconds: 4 ms at ``HZ = 250``), or when the running thread sleeps.
+A fraction of the calls then take a tick longer: a second mode, whatever the message size. On a
+virtual machine the hypervisor can also take a virtual CPU away: the guest counts that time as
+steal (``steal_seconds``).
 
 ``probe_wakeups`` times one all-reduce size many times in each of four conditions (each worker
-pinned to its own core or not; a spinning competitor or not), in one launch, and counts what the
-kernel records for every thread of each worker: voluntary context switches (the thread slept)
-and involuntary ones (the scheduler took its core away).
+pinned to its own core or not; a spinning competitor or not), interleaved, in one launch, and
+counts what the kernel records for every thread of each worker: voluntary context switches (the
+thread slept) and involuntary ones (the scheduler took its core away).
 """
 
 from __future__ import annotations
@@ -85,51 +87,91 @@ def _name(tid: int) -> str:
         return "?"
 
 
-def probe_worker(
-    rank: int, world_size: int, nbytes: int, calls: int, spinner_pid: int | None
-) -> list[dict[str, Any]]:
-    """Worker: time ``calls`` all-reduces of ``nbytes`` in each of ``CONDITIONS``.
+def steal_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+    """Steal time so far, summed over this machine's CPUs, in seconds: on a virtual machine, the
+    time its virtual CPUs had a thread to run while the hypervisor ran something else (the 8th
+    number of ``/proc/stat``'s ``cpu`` line, in ``USER_HZ`` ticks). 0 on bare metal; ``None``
+    where unreadable (not Linux)."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
-    Rank 0 lets the (stopped) spinner run for the conditions with a competitor, by SIGCONT and
-    SIGSTOP. Returns one row per condition: the slowest rank's time per call, in seconds, and
-    this rank's context switches per call, summed over its threads."""
+
+def _set_condition(rank: int, pinned: bool, everywhere: set[int], can_pin: bool) -> None:
+    if can_pin:
+        pin_threads({sorted(everywhere)[rank % len(everywhere)]} if pinned else everywhere)
+
+
+def probe_worker(
+    rank: int, world_size: int, nbytes: int, calls: int, spinner_pid: int | None, block: int = 10
+) -> dict[str, Any]:
+    """Worker: time ``calls`` all-reduces of ``nbytes`` in each of ``CONDITIONS``, interleaved.
+
+    The conditions take turns in blocks of ``block`` calls, their order rotated every round, so
+    that a change in the machine's load during the probe falls on all of them alike. After each
+    switch, 2 untimed calls let the threads settle on their new cores. Rank 0 lets the (stopped)
+    spinner run during the blocks with a competitor, by SIGCONT and SIGSTOP. Returns one row per
+    condition (the slowest rank's time per call, in seconds, and this rank's context switches
+    per call, summed over its threads), the steal time and the wall time of the whole probe."""
+    if block < 1:
+        raise ValueError(f"need block >= 1, got {block}")
     can_pin = hasattr(os, "sched_getaffinity")  # not on macOS: its conditions are left out
     everywhere = os.sched_getaffinity(0) if can_pin else set()
+    conditions = [c for c in CONDITIONS if can_pin or not c[0]]
     tensor = torch.zeros(nbytes // 4)
-    rows = []
-    for pinned, competitor in [c for c in CONDITIONS if can_pin or not c[0]]:
-        if can_pin:
-            pin_threads({sorted(everywhere)[rank % len(everywhere)]} if pinned else everywhere)
-        if competitor and spinner_pid is not None and rank == 0:
-            os.kill(spinner_pid, signal.SIGCONT)
-        for _ in range(5):
-            dist.all_reduce(tensor)
-        before, self_before = _thread_switches(), resource.getrusage(resource.RUSAGE_SELF)
-        times = torch.empty(calls, dtype=torch.float64)
-        for i in range(calls):
+    times = torch.full((len(conditions), calls), float("nan"), dtype=torch.float64)
+    per_thread: list[dict[int, list[int]]] = [{} for _ in conditions]
+    process = [[0, 0] for _ in conditions]  # voluntary, involuntary: the whole process
+    dist.barrier()
+    steal_before, probe_start = steal_seconds(), time.perf_counter()
+    for first in range(0, calls, block):
+        shift = (first // block) % len(conditions)
+        for j in [*range(shift, len(conditions)), *range(shift)]:
+            pinned, competitor = conditions[j]
+            _set_condition(rank, pinned, everywhere, can_pin)
+            if competitor and spinner_pid is not None and rank == 0:
+                os.kill(spinner_pid, signal.SIGCONT)
+            for _ in range(2):
+                dist.all_reduce(tensor)
+            before, self_before = _thread_switches(), resource.getrusage(resource.RUSAGE_SELF)
+            for i in range(first, min(first + block, calls)):
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(tensor)
+                times[j, i] = time.perf_counter() - start
+            after, self_after = _thread_switches(), resource.getrusage(resource.RUSAGE_SELF)
             dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(tensor)
-            times[i] = time.perf_counter() - start
-        after, self_after = _thread_switches(), resource.getrusage(resource.RUSAGE_SELF)
-        dist.barrier()
-        if competitor and spinner_pid is not None and rank == 0:
-            os.kill(spinner_pid, signal.SIGSTOP)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX)
-        per_thread = {t: (after[t][0] - before.get(t, (0, 0))[0],
-                          after[t][1] - before.get(t, (0, 0))[1]) for t in after}
-        rows.append({
+            if competitor and spinner_pid is not None and rank == 0:
+                os.kill(spinner_pid, signal.SIGSTOP)
+            for t, (v, i) in after.items():
+                v0, i0 = before.get(t, (0, 0))
+                counts = per_thread[j].setdefault(t, [0, 0])
+                counts[0] += v - v0
+                counts[1] += i - i0
+            process[j][0] += self_after.ru_nvcsw - self_before.ru_nvcsw
+            process[j][1] += self_after.ru_nivcsw - self_before.ru_nivcsw
+    dist.barrier()
+    steal_after, probe_seconds = steal_seconds(), time.perf_counter() - probe_start
+    _set_condition(rank, False, everywhere, can_pin)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # call by call, the slowest rank's time
+    rows = [
+        {
             "cores": "one each" if pinned else "any",
             "competitor": competitor,
-            "times": times.tolist(),
-            "threads": len(after),
-            "woken": sorted(_name(t) for t, (v, i) in per_thread.items() if v + i >= calls // 2),
-            "voluntary": (self_after.ru_nvcsw - self_before.ru_nvcsw) / calls,
-            "involuntary": (self_after.ru_nivcsw - self_before.ru_nivcsw) / calls,
-        })
-    if can_pin:
-        pin_threads(everywhere)
-    return rows
+            "times": times[j].tolist(),
+            "threads": len(per_thread[j]),
+            "woken": sorted(_name(t) for t, (v, i) in per_thread[j].items() if v + i >= calls // 2),
+            "voluntary": process[j][0] / calls,
+            "involuntary": process[j][1] / calls,
+        }
+        for j, (pinned, competitor) in enumerate(conditions)
+    ]
+    steal = None if steal_before is None or steal_after is None else steal_after - steal_before
+    return {"rows": rows, "steal_s": steal, "seconds": probe_seconds}
 
 
 def _die_with_parent() -> None:
@@ -153,18 +195,24 @@ def stopped_spinner() -> Iterator[int]:
         spinner.wait()
 
 
-def probe_wakeups(nbytes: int = 65536, calls: int = 120) -> pd.DataFrame:
-    """Time ``calls`` all-reduces of ``nbytes`` between 2 workers in each of ``CONDITIONS``.
+def probe_wakeups(nbytes: int = 65536, calls: int = 120, block: int = 10) -> pd.DataFrame:
+    """Time ``calls`` all-reduces of ``nbytes`` between 2 workers in each of ``CONDITIONS``,
+    interleaved in blocks of ``block`` calls (``probe_worker``).
 
     One row per condition: quartiles of the call times (ms), the share of calls slower than
     half a timer tick (or 2 ms where ``HZ`` is unknown), and per call and worker the context
-    switches, voluntary and involuntary, summed over the worker's threads."""
-    if calls < 4 or nbytes < 4:
-        raise ValueError(f"need calls >= 4 and nbytes >= 4, got {calls} and {nbytes}")
+    switches, voluntary and involuntary, summed over the worker's threads. ``attrs`` adds the
+    steal time over the probe (``steal_s``, summed over the CPUs; ``None`` where unreadable), the
+    probe's wall time (``seconds``) and the number of CPUs (``cpus``)."""
+    if calls < 4 or nbytes < 4 or block < 1:
+        raise ValueError(
+            f"need calls >= 4, nbytes >= 4 and block >= 1, got {calls}, {nbytes} and {block}"
+        )
     hz = kernel_hz()
     slow = 0.5 / hz if hz else 2e-3
     with stopped_spinner() as pid:
-        ranks = launch(probe_worker, 2, nbytes, calls, pid)
+        results = launch(probe_worker, 2, nbytes, calls, pid, block)
+    ranks = [r["rows"] for r in results]
     rows = []
     for j, row in enumerate(ranks[0]):
         times = torch.tensor(row["times"], dtype=torch.float64)
@@ -183,5 +231,6 @@ def probe_wakeups(nbytes: int = 65536, calls: int = 120) -> pd.DataFrame:
         })
     table = pd.DataFrame(rows)
     table.attrs.update(hz=hz, slow_ms=slow * 1e3, times=[r["times"] for r in ranks[0]],
-                       woken=ranks[0][0]["woken"])
+                       woken=ranks[0][0]["woken"], steal_s=results[0]["steal_s"],
+                       seconds=results[0]["seconds"], cpus=os.cpu_count())
     return table
