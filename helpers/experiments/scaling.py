@@ -8,7 +8,9 @@ and efficiency over one worker. The model explains the table with two fits:
   (``fit_compute``, from the 1-worker runs): ``c0`` is what a step costs whatever the batch (the
   optimizer's update of every weight, Python), ``c1`` the cost of each sample;
 * communication: all-reducing the gradients costs ``alpha + beta * bytes`` every step
-  (``helpers.dist.comm_model``, notebook 02), however small the batch.
+  (``helpers.dist.comm_model``, notebook 02), however small the batch. DDP makes one call per
+  bucket, each paying the latency, so a step's ``alpha`` is ``k`` times a call's for ``k``
+  buckets (``AlphaBeta(k * alpha, beta)``; ``run_row`` counts them from DDP's own log).
 
 N workers each compute on ``B / N`` samples, then all-reduce the whole gradient, so::
 
