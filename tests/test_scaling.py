@@ -30,9 +30,9 @@ from helpers.experiments.scaling import (
     predict_step_seconds,
     prediction_table,
     published_table,
-    speedup_text,
     sweep,
 )
+from helpers.experiments.single_device import speedup_text
 from helpers.training.model import make_mlp
 
 matplotlib.use("Agg")
@@ -178,7 +178,9 @@ def test_sweep_needs_the_one_worker_baseline():
 
 @pytest.mark.slow
 def test_a_tiny_real_sweep_returns_a_well_formed_table():
-    table = sweep([2048, 4096], world_sizes=[1, 2, 4], min_steps=1, threads=1, data="standin")
+    lines = []
+    table = sweep([2048, 4096], world_sizes=[1, 2, 4], min_steps=1, threads=1, data="standin",
+                  silent=True, progress=lines.append)  # fmt: skip
     runs = 2 if available_cores() < 4 else 3
     assert len(table) == 2 * runs
     assert table["world"].tolist()[:runs] == [1, 2, 4][:runs]
@@ -190,6 +192,13 @@ def test_a_tiny_real_sweep_returns_a_well_formed_table():
     # N workers do the same training as one: equal weights up to float rounding
     for _, same_batch in table.groupby("global_batch"):
         assert np.ptp(same_batch["checksum"]) < 1e-2
+    # a warm-up per launch, shown and left out; DDP's rebuilt buckets as DDP logged them
+    assert sum("warm-up (discarded)" in line for line in lines) == runs
+    assert (table.loc[table["world"] > 1, "buckets"] == 2).all()  # bucket_plan's 2 for the MLP
+    # the never-communicating runs, one per batch and world size beyond 1, without DDP
+    silent = pd.DataFrame(table.attrs["silent"])
+    assert len(silent) == 2 * (runs - 1) and (silent["layout"] == "no communication").all()
+    assert (silent["buckets"] == 0).all() and not silent["replicas_identical"].any()
 
 
 def test_the_tables_to_read_put_measured_and_model_side_by_side():

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.dist.comm_model import AlphaBeta
 
@@ -68,6 +69,16 @@ def bucket_plan(model: nn.Module, bucket_cap_mb: float | None = None) -> list[Bu
     if names:
         buckets.append(Bucket(len(buckets), tuple(names), size))
     return buckets
+
+
+def logged_buckets(model: nn.Module) -> list[int]:
+    """The bytes of each bucket DDP all-reduces from its second step on, as DDP itself logged
+    them (``_get_ddp_logging_data``'s ``rebuilt_bucket_sizes``): what a step really sends, not a
+    plan of it. Empty for a model that is not DDP or has not rebuilt its buckets (one worker)."""
+    if not isinstance(model, DDP):
+        return []
+    sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
+    return [int(size) for size in sizes.split(",") if size.strip()]
 
 
 def bucket_table(buckets: Sequence[Bucket]) -> pd.DataFrame:

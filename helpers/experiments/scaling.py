@@ -8,7 +8,9 @@ and efficiency over one worker. The model explains the table with two fits:
   (``fit_compute``, from the 1-worker runs): ``c0`` is what a step costs whatever the batch (the
   optimizer's update of every weight, Python), ``c1`` the cost of each sample;
 * communication: all-reducing the gradients costs ``alpha + beta * bytes`` every step
-  (``helpers.dist.comm_model``, notebook 02), however small the batch.
+  (``helpers.dist.comm_model``, notebook 02), however small the batch. DDP makes one call per
+  bucket, each paying the latency, so a step's ``alpha`` is ``k`` times a call's for ``k``
+  buckets (``AlphaBeta(k * alpha, beta)``; ``run_row`` counts them from DDP's own log).
 
 N workers each compute on ``B / N`` samples, then all-reduce the whole gradient, so::
 
@@ -23,15 +25,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+import torch
+from torch import nn
 
 from helpers.data import load_har
+from helpers.dist.buckets import logged_buckets
 from helpers.dist.comm_model import AlphaBeta, fit_alpha_beta
-from helpers.dist.cores import default_threads_per_worker, plan_world_sizes
-from helpers.training import TrainConfig, epochs_for_min_steps, run_trainings, steps_per_epoch
+from helpers.dist.cores import WorldPlan, default_threads_per_worker, plan_world_sizes
+from helpers.training import (
+    RunResult,
+    TrainConfig,
+    epochs_for_min_steps,
+    run_trainings,
+    steps_per_epoch,
+)
 from helpers.training.measure import efficiency, speedup
 from helpers.training.model import GRADIENT_BYTES
 
@@ -39,6 +50,7 @@ DEFAULT_BATCHES: tuple[int, ...] = tuple(64 * 2**k for k in range(7))  # 64, 128
 # Steps of every sweep point run before the clock starts: DDP builds its buckets and allocates
 # at the first iteration, a cost a real training pays once, not at every step.
 UNTIMED_STEPS = 2
+NO_COMMUNICATION = "no communication"  # workers that never all-reduce (sync="none")
 
 
 # --------------------------------------------------------------------------- the reference points
@@ -116,6 +128,59 @@ def add_speedup(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(speedup=gained, efficiency=efficiency(gained, table["world"]))
 
 
+class StepFacts:
+    """Read inside each worker when its training ends (a ``helpers.training.Probe``): the
+    intra-op threads PyTorch ran with, and the buckets DDP logged (``logged_buckets``), so that
+    neither is taken from a plan's word."""
+
+    def start(self, rank: int, world_size: int) -> None:
+        pass
+
+    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        pass
+
+    def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        return {"threads": torch.get_num_threads(), "buckets": logged_buckets(model)}
+
+
+def timed_launch(
+    plan: WorldPlan, configs: Sequence[TrainConfig]
+) -> tuple[list[RunResult], RunResult]:
+    """``configs`` trained in one launch, after a warm-up: the first of them trained once more
+    before the others and left out of every table, since the first training of a launch pays
+    what later ones find done (memory allocated, kernels chosen). Returns the configs' results
+    and the warm-up's, which the caller shows."""
+    runs = run_trainings(plan, [configs[0], *configs], probe=StepFacts())
+    return runs[1:], runs[0]
+
+
+def run_row(run: RunResult, timed_steps: int) -> dict:
+    """One training as a table row: its timings, what its workers reported, its replicas."""
+    return {
+        "world": run.world,
+        "global_batch": run.global_batch,
+        "epochs": run.epochs,
+        "steps": run.steps,
+        "timed_steps": int(timed_steps),
+        "threads_per_worker": run.threads_per_worker,
+        "threads_used": min(probe["threads"] for probe in run.probes),  # every worker's
+        "buckets": len(run.probes[0]["buckets"]),  # as DDP logged them; 0 without DDP
+        "seconds": run.seconds,
+        "step_seconds": run.seconds / timed_steps,
+        "samples_per_s": timed_steps * run.global_batch / run.seconds,
+        "accuracy": run.accuracy,
+        "checksum": run.checksums[0],
+        "replicas_identical": run.replicas_identical,
+        "oversubscribed": run.oversubscribed,
+    }
+
+
+def warmup_text(warm: RunResult, timed: RunResult) -> str:
+    """The discarded warm-up beside the same training timed after it."""
+    return (f"  warm-up (discarded): global batch {warm.global_batch} took {warm.seconds:.2f} s, "
+            f"the same training after it {timed.seconds:.2f} s")  # fmt: skip
+
+
 def sweep(
     global_batches: Sequence[int] = DEFAULT_BATCHES,
     world_sizes: Sequence[int] = (1, 2, 4),
@@ -124,64 +189,57 @@ def sweep(
     oversubscribe: bool = False,
     data: str | None = None,
     lr: float = 0.05,
+    silent: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Time the training for every global batch and every world size that fits the cores.
 
     Each point is a training with real DDP workers, for the ``budget`` of its global batch. Each
-    world size trains all its batches one after the other in one launch (``run_trainings``), so
-    that its start-up (processes, imports, data: seconds each) is paid once, as
-    ``single_device.baseline_runs`` does; the clock leaves start-up out either way. World size 1
-    (the baseline) is required. World sizes that would oversubscribe the cores are skipped, their
-    reasons in ``result.attrs["skipped"]``. ``progress``, if given, is called with one line per
-    launch.
+    world size trains all its batches one after the other in one launch, after a warm-up
+    (``timed_launch``), so that its start-up (processes, imports, data: seconds each) is paid
+    once; the clock leaves start-up out either way. With ``silent``, every DDP training of more
+    than one worker is followed in the same launch by the same training never communicating
+    (sync="none"), alternating, so that drift in the machine's load falls on both alike; their
+    rows, laid out as ``single_device.baseline_runs``'s, are in ``result.attrs["silent"]``.
+    World size 1 (the baseline) is required. World sizes that would oversubscribe the cores are
+    skipped, their reasons in ``result.attrs["skipped"]``. ``progress``, if given, is called
+    with a few lines per launch.
 
-    Returns one row per run, by global batch then world size: world, global_batch, epochs,
-    steps, timed_steps, threads_per_worker, seconds (training time of the slowest worker),
-    step_seconds, samples_per_s, speedup, efficiency, accuracy, checksum (rank 0),
-    replicas_identical, oversubscribed.
+    Returns one row per DDP run (``run_row``), by global batch then world size, with speedup
+    and efficiency over one worker.
     """
     if 1 not in world_sizes:
         raise ValueError("the sweep needs world size 1: speed-up is measured against it")
     har = load_har(data)
     threads = default_threads_per_worker() if threads is None else threads
     plans = plan_world_sizes(sorted(set(world_sizes)), threads, oversubscribe=oversubscribe)
-    running = [p for p in plans if p.runs]
     points = budget(global_batches, len(har.X_train), min_steps)
     configs = [
         TrainConfig(global_batch=int(p.global_batch), epochs=int(p.epochs), lr=lr,
                     data=har.source, untimed_steps=UNTIMED_STEPS)  # fmt: skip
         for p in points.itertuples(index=False)
     ]
-    rows = []
-    for plan in running:
+    rows, quiet = [], []
+    for plan in (p for p in plans if p.runs):
+        pairs = silent and plan.world_size > 1  # A B A B ...: DDP, then never communicating
+        launched = [c for config in configs for c in (config, replace(config, sync="none"))
+                    if pairs or c.sync != "none"]  # fmt: skip
         if progress is not None:
             progress(
                 f"{plan.world_size} worker(s) x {plan.threads_per_worker} thread(s), global "
                 f"batches {', '.join(str(b) for b in points['global_batch'])}: one launch"
+                + (", each DDP training followed by the same never communicating" if pairs else "")
             )
-        runs = run_trainings(plan, configs)
-        for point, run in zip(points.itertuples(index=False), runs, strict=True):
-            rows.append(
-                {
-                    "world": run.world,
-                    "global_batch": run.global_batch,
-                    "epochs": run.epochs,
-                    "steps": run.steps,
-                    "timed_steps": int(point.timed_steps),
-                    "threads_per_worker": run.threads_per_worker,
-                    "seconds": run.seconds,
-                    "step_seconds": run.seconds / point.timed_steps,
-                    "samples_per_s": point.timed_steps * run.global_batch / run.seconds,
-                    "accuracy": run.accuracy,
-                    "checksum": run.checksums[0],
-                    "replicas_identical": run.replicas_identical,
-                    "oversubscribed": run.oversubscribed,
-                }
-            )
+        runs, warm = timed_launch(plan, launched)
+        if progress is not None:
+            progress(warmup_text(warm, runs[0]))
+        for k, run in enumerate(runs):
+            row = run_row(run, points["timed_steps"].iloc[k // (2 if pairs else 1)])
+            (rows if run.sync != "none" else quiet).append(row)
     rows.sort(key=lambda r: (r["global_batch"], r["world"]))
     table = add_speedup(pd.DataFrame(rows))
     table.attrs["skipped"] = [f"{p.world_size} workers: {p.reason}" for p in plans if not p.runs]
+    table.attrs["silent"] = [{"layout": NO_COMMUNICATION, **row} for row in quiet]
     table.attrs["data_source"] = har.source
     return table
 
@@ -298,81 +356,6 @@ def batch_for_speedup(
     if gain <= 0:
         return math.inf
     return max(0.0, (target * (compute.c0 + a) - compute.c0) / gain)
-
-
-
-
-def add_baselines(table: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
-    """Speed-up of other layouts (``helpers.experiments.single_device``: one worker on every
-    core, workers that never communicate) over the sweep's 1-worker run at the same batch, and
-    efficiency per core: speed-up divided by how many times that run's cores the layout used,
-    as the sweep's efficiency divides by the workers."""
-    base = table[table["world"] == 1].set_index("global_batch")
-    missing = set(baselines["global_batch"]) - set(base.index)
-    if missing:
-        raise ValueError(f"no 1-worker run in the sweep for global batch {sorted(missing)}")
-    gained = speedup(baselines["global_batch"].map(base["seconds"]), baselines["seconds"])
-    cores = baselines["world"] * baselines["threads_per_worker"]
-    times = cores / baselines["global_batch"].map(base["threads_per_worker"])
-    return baselines.assign(speedup=gained, efficiency=gained / times)
-
-
-def speedup_text(table: pd.DataFrame, baselines: pd.DataFrame | None = None) -> str:
-    """The sweep's timings for reading: one row per run, rates and ratios formatted; with
-    ``baselines``, their rows beside the sweep's (a layout and a threads column added), and a
-    line per batch saying whether one worker on every core beat the sweep's most workers."""
-    columns = ["world", "global_batch", "seconds", "samples_per_s", "speedup", "efficiency"]
-    verdict = ""
-    if baselines is not None:
-        other = add_baselines(table, baselines)
-        table = pd.concat([table.assign(layout="DDP"), other], ignore_index=True)
-        table = table.sort_values("global_batch", kind="stable")
-        columns = ["layout", "world", "threads_per_worker"] + columns[1:]
-        verdict = "\n" + _single_device_verdict(table)
-    shown = table[columns].rename(columns={"threads_per_worker": "threads"})
-    formats = {"seconds": "{:.2f}", "samples_per_s": "{:,.0f}", "speedup": "{:.2f}x",
-               "efficiency": "{:.0%}"}  # fmt: skip
-    text = shown.to_string(index=False, formatters={k: f.format for k, f in formats.items()})
-    return text + verdict
-
-
-TIE = 0.05  # closer speed-ups are a tie: one point's repeats move by several percent (05)
-
-
-def _single_device_verdict(both: pd.DataFrame) -> str:
-    """Per batch: the single device's speed-up against the most workers' DDP's (``TIE``)."""
-    lines = []
-    for batch, rows in both.groupby("global_batch"):
-        single = rows[rows["layout"] == "single device"]
-        ddp = rows[(rows["layout"] == "DDP") & (rows["world"] == rows["world"].max())]
-        if single.empty or ddp.empty or ddp["world"].iloc[0] < 2:
-            continue
-        s, d = single.iloc[0], ddp.iloc[0]
-        head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
-                f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
-                f"thread(s) {d['speedup']:.2f}x")  # fmt: skip
-        if abs(s["speedup"] - d["speedup"]) <= TIE * max(s["speedup"], d["speedup"]):
-            lines.append(f"{head}: a tie (within {TIE:.0%}, inside run-to-run noise)")
-            continue
-        winner = "one worker on every core" if s["speedup"] > d["speedup"] else "DDP"
-        free = rows[(rows["layout"] == "no communication") & (rows["world"] == d["world"])]
-        f = free["speedup"].iloc[0] if len(free) else None
-        alone = f" ({f:.2f}x never communicating)" if f is not None else ""
-        lines.append(f"{head}{alone}: {winner} faster" + _why(s["speedup"], d["speedup"], f))
-    return "\n".join(lines)
-
-
-def _why(single: float, ddp: float, free: float | None) -> str:
-    """The reason, as the workers that never communicate tell it (none without them; ``TIE``)."""
-    if free is None:
-        return ""
-    if single <= ddp:
-        return "\n    the batch split over workers beat a step's products split over threads"
-    if abs(free - single) <= TIE * max(free, single):
-        return f"\n    threads and workers without an all-reduce tie (within {TIE:.0%})"
-    if free > single:
-        return "\n    the all-reduce decides: the same workers without it beat the threads"
-    return "\n    threads beat even workers without an all-reduce: a step split well over them"
 
 
 def compute_fit_text(table: pd.DataFrame, compute: ComputeModel) -> str:

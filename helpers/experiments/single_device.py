@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pandas as pd
-import torch
-from torch import nn
 
 from helpers.data import load_har
 from helpers.dist.cores import (
@@ -26,24 +24,19 @@ from helpers.dist.cores import (
     default_threads_per_worker,
     plan_world_sizes,
 )
-from helpers.experiments.scaling import DEFAULT_BATCHES, UNTIMED_STEPS, budget
-from helpers.training import RunResult, TrainConfig, run_trainings
+from helpers.experiments.scaling import (
+    DEFAULT_BATCHES,
+    NO_COMMUNICATION,
+    UNTIMED_STEPS,
+    budget,
+    run_row,
+    timed_launch,
+    warmup_text,
+)
+from helpers.training import TrainConfig
+from helpers.training.measure import speedup
 
-SINGLE_DEVICE, NO_COMMUNICATION = "single device", "no communication"
-
-
-class ThreadsProbe:
-    """Reads, inside each worker, the intra-op threads PyTorch really ran with (a
-    ``helpers.training.Probe``): the plan's word is not taken for it."""
-
-    def start(self, rank: int, world_size: int) -> None:
-        pass
-
-    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        pass
-
-    def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        return {"threads": torch.get_num_threads()}
+SINGLE_DEVICE = "single device"
 
 
 def single_device_plan(cores: int | None = None) -> WorldPlan:
@@ -63,29 +56,6 @@ def ceiling_plan(cores: int | None = None, threads: int | None = None) -> WorldP
     return fitting[-1] if fitting else None
 
 
-def _rows(layout: str, results: list[RunResult], points: pd.DataFrame) -> list[dict]:
-    rows = []
-    for run, point in zip(results, points.itertuples(index=False), strict=True):
-        rows.append(
-            {
-                "layout": layout,
-                "world": run.world,
-                "threads_per_worker": run.threads_per_worker,
-                "threads_used": min(probe["threads"] for probe in run.probes),  # every worker's
-                "global_batch": run.global_batch,
-                "epochs": run.epochs,
-                "steps": run.steps,
-                "timed_steps": int(point.timed_steps),
-                "seconds": run.seconds,
-                "step_seconds": run.seconds / point.timed_steps,
-                "samples_per_s": point.timed_steps * run.global_batch / run.seconds,
-                "accuracy": run.accuracy,
-                "checksum": run.checksums[0],
-            }
-        )
-    return rows
-
-
 def baseline_runs(
     global_batches: Sequence[int] = DEFAULT_BATCHES,
     min_steps: int = 10,
@@ -97,12 +67,12 @@ def baseline_runs(
 ) -> pd.DataFrame:
     """Time the single device (one worker, every core) at every global batch, with the sweep's
     ``budget`` (the same steps, ``UNTIMED_STEPS`` off the clock), all batches in one launch so
-    that its start-up is paid once; with ``ceiling``, the same for the ``ceiling_plan``'s
-    workers, never communicating. Returns one row per run: layout ("single device" or
-    "no communication"), world, threads_per_worker, threads_used (the fewest intra-op threads a
-    worker reported running with), global_batch, epochs, steps, timed_steps,
-    seconds (the slowest worker's), step_seconds, samples_per_s, accuracy, checksum (rank 0).
-    Speed-ups come from ``scaling.add_baselines``, against the sweep's."""
+    that its start-up is paid once, after a warm-up (``scaling.timed_launch``); with ``ceiling``,
+    the same for the ``ceiling_plan``'s workers, never communicating (``scaling.sweep``'s
+    ``silent`` interleaves those with DDP's instead). Returns one row per run: layout ("single
+    device" or "no communication") and ``scaling.run_row``'s columns, threads_used the fewest
+    intra-op threads a worker reported running with. Speed-ups come from ``add_baselines``,
+    against the sweep's."""
     har = load_har(data)
     points = budget(global_batches, len(har.X_train), min_steps)
 
@@ -123,7 +93,84 @@ def baseline_runs(
                 f"{layout}: {plan.world_size} worker(s) x {plan.threads_per_worker} thread(s), "
                 f"global batches {', '.join(str(b) for b in points['global_batch'])}"
             )
-        rows += _rows(layout, run_trainings(plan, configs(sync), probe=ThreadsProbe()), points)
+        runs, warm = timed_launch(plan, configs(sync))
+        if progress is not None:
+            progress(warmup_text(warm, runs[0]))
+        for run, timed_steps in zip(runs, points["timed_steps"], strict=True):
+            rows.append({"layout": layout, **run_row(run, timed_steps)})
     table = pd.DataFrame(rows)
     table.attrs["data_source"] = har.source
     return table
+
+
+def add_baselines(table: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
+    """Speed-up of other layouts (``helpers.experiments.single_device``: one worker on every
+    core, workers that never communicate) over the sweep's 1-worker run at the same batch, and
+    efficiency per core: speed-up divided by how many times that run's cores the layout used,
+    as the sweep's efficiency divides by the workers."""
+    base = table[table["world"] == 1].set_index("global_batch")
+    missing = set(baselines["global_batch"]) - set(base.index)
+    if missing:
+        raise ValueError(f"no 1-worker run in the sweep for global batch {sorted(missing)}")
+    gained = speedup(baselines["global_batch"].map(base["seconds"]), baselines["seconds"])
+    cores = baselines["world"] * baselines["threads_per_worker"]
+    times = cores / baselines["global_batch"].map(base["threads_per_worker"])
+    return baselines.assign(speedup=gained, efficiency=gained / times)
+
+
+def speedup_text(table: pd.DataFrame, baselines: pd.DataFrame | None = None) -> str:
+    """The sweep's timings for reading: one row per run, rates and ratios formatted; with
+    ``baselines``, their rows beside the sweep's (a layout and a threads column added), and a
+    line per batch saying whether one worker on every core beat the sweep's most workers."""
+    columns = ["world", "global_batch", "seconds", "samples_per_s", "speedup", "efficiency"]
+    verdict = ""
+    if baselines is not None:
+        other = add_baselines(table, baselines)
+        table = pd.concat([table.assign(layout="DDP"), other], ignore_index=True)
+        table = table.sort_values("global_batch", kind="stable")
+        columns = ["layout", "world", "threads_per_worker"] + columns[1:]
+        verdict = "\n" + _single_device_verdict(table)
+    shown = table[columns].rename(columns={"threads_per_worker": "threads"})
+    formats = {"seconds": "{:.2f}", "samples_per_s": "{:,.0f}", "speedup": "{:.2f}x",
+               "efficiency": "{:.0%}"}  # fmt: skip
+    text = shown.to_string(index=False, formatters={k: f.format for k, f in formats.items()})
+    return text + verdict
+
+
+TIE = 0.05  # closer speed-ups are a tie: one point's repeats move by several percent (05)
+
+
+def _single_device_verdict(both: pd.DataFrame) -> str:
+    """Per batch, what was measured: the single device's speed-up against the most workers'
+    DDP's and, where they ran, the same workers never communicating beside both (``TIE``). No
+    cause: one run per point says which was faster, not why."""
+    lines = []
+    for batch, rows in both.groupby("global_batch"):
+        single = rows[rows["layout"] == SINGLE_DEVICE]
+        ddp = rows[(rows["layout"] == "DDP") & (rows["world"] == rows["world"].max())]
+        if single.empty or ddp.empty or ddp["world"].iloc[0] < 2:
+            continue
+        s, d = single.iloc[0], ddp.iloc[0]
+        head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
+                f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
+                f"thread(s) {d['speedup']:.2f}x")  # fmt: skip
+        if abs(s["speedup"] - d["speedup"]) <= TIE * max(s["speedup"], d["speedup"]):
+            verdict = f"a tie (within {TIE:.0%}, inside run-to-run noise)"
+        else:
+            verdict = ("one worker on every core" if s["speedup"] > d["speedup"] else "DDP")
+            verdict += " faster"
+        free = rows[(rows["layout"] == NO_COMMUNICATION) & (rows["world"] == d["world"])]
+        f = free["speedup"].iloc[0] if len(free) else None
+        lines.append(f"{head}: {verdict}" + _beside_silent(s["speedup"], d["speedup"], f))
+    return "\n".join(lines)
+
+
+def _beside_silent(single: float, ddp: float, free: float | None) -> str:
+    """The same workers never communicating, measured beside both (nothing without them)."""
+    if free is None:
+        return ""
+    if abs(free - single) <= TIE * max(free, single):
+        against = f"tied with the threads (within {TIE:.0%})"
+    else:
+        against = "faster than the threads" if free > single else "slower than the threads"
+    return f"\n    never communicating {free:.2f}x, {against}; DDP at {ddp / free:.0%} of it"

@@ -10,7 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from helpers.experiments.data_pipeline import REGIONS
-from helpers.experiments.scaling import add_baselines
+from helpers.experiments.single_device import add_baselines
 
 PARTS = (*REGIONS, "other")
 _PART_COLOURS = {"data wait": "C3", "forward": "C0", "backward": "C1", "optimizer": "C2",
@@ -72,3 +72,34 @@ def draw_baselines(
             label = f"measured, {world} workers never communicating"
         ax.plot(group["global_batch"], group[metric], label=label, **style)
     return float(both[metric].max())
+
+
+def plot_layouts(table: pd.DataFrame, baselines: pd.DataFrame, banner: str) -> Figure:
+    """Samples per second against the global batch for every layout timed: DDP's world sizes
+    (``scaling.sweep``), one worker on every core, workers that never communicate. A rate, not a
+    speed-up, so that a slow 1-worker run shows as itself instead of lifting every ratio."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for world, group in table.groupby("world"):
+        group = group.sort_values("global_batch")
+        label = f"DDP, {world} worker(s) x {group['threads_per_worker'].iloc[0]} thread(s)"
+        ax.plot(group["global_batch"], group["samples_per_s"], "o-", color=f"C{world - 1}",
+                label=label)  # fmt: skip
+    for layout, group in baselines.groupby("layout"):
+        group = group.sort_values("global_batch")
+        world, threads = int(group["world"].iloc[0]), int(group["threads_per_worker"].iloc[0])
+        single = world == 1
+        ax.plot(group["global_batch"], group["samples_per_s"], "s-" if single else "x:",
+                color="black" if single else f"C{world - 1}",
+                label=f"{layout}, {world} worker(s) x {threads} thread(s)")  # fmt: skip
+    batches = sorted(table["global_batch"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
+    ax.set_ylim(0, 1.1 * max(table["samples_per_s"].max(), baselines["samples_per_s"].max()))
+    ax.set(xlabel="global batch size (samples per step, all workers together)",
+           ylabel="training samples per second")  # fmt: skip
+    ax.set_title(f"Every layout's rate, one training per point\n{banner}", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

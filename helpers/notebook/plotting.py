@@ -139,7 +139,7 @@ def plot_step_model(
                 color=colour, label=f"{world} workers, model c0 + c1 B / {world} + a")  # fmt: skip
         a = float(comm.predict(nbytes))
         ax.axhline(a * 1e3, color=colour, lw=1, ls=":",
-                   label=f"a: the all-reduce of {nbytes / 1e6:.1f} MB, benchmarked")  # fmt: skip
+                   label=f"a: a step's all-reduce of {nbytes / 1e6:.1f} MB, modelled")  # fmt: skip
         even = batch_for_speedup(compute, comm, world, 1.0, nbytes)
         if np.isfinite(even):
             ax.plot(even, compute.predict(even) * 1e3, "s", color=colour, mfc="white", ms=9,
