@@ -21,6 +21,7 @@ from helpers.experiments.mixed_precision import (
 from helpers.experiments.parallelism_costs import Workload, costs, tensor_messages
 from helpers.experiments.pipeline import (
     assemble,
+    imbalance_floor,
     pipeline_worker,
     replay,
     stage_module,
@@ -29,7 +30,7 @@ from helpers.experiments.pipeline import (
 )
 from helpers.experiments.saved_activations import SavedActivations
 from helpers.experiments.split_training import SAME_STEPS_ATOL, Steps, gaps, one_worker, several
-from helpers.experiments.tensor_parallel import held_worker, megatron_plan, tp_worker
+from helpers.experiments.tensor_parallel import describe, held_worker, megatron_plan, tp_worker
 from helpers.training.model import GRADIENT_BYTES, make_mlp
 
 SPEC = Steps(steps=3, data="standin")
@@ -142,6 +143,29 @@ def test_replay_of_equal_stages_gives_the_textbook_bubble(stages, m, schedule):
     ops = {s: [(op, 1.0 if op[0] == "F" else 2.0) for op in textbook_order(schedule, s, stages, m)]
            for s in range(stages)}  # fmt: skip
     assert replay(ops)["pipeline idle"] == pytest.approx(textbook_bubble(stages, m))
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_replay_of_unequal_stages_tends_to_the_imbalance_floor(schedule):
+    # stage 1 twice as slow as stage 0 in its forwards and its backwards: a quarter idle at most m
+    per_stage = {0: (1.0, 2.0), 1: (2.0, 4.0)}
+    floor = imbalance_floor([sum(per_stage[0]), sum(per_stage[1])])
+    assert floor == pytest.approx(0.25)
+    idle = []
+    for m in (2, 8, 64):
+        ops = {s: [(op, per_stage[s][op[0] == "B"]) for op in textbook_order(schedule, s, 2, m)]
+               for s in (0, 1)}  # fmt: skip
+        idle.append(replay(ops)["pipeline idle"])
+        assert floor <= idle[-1] <= floor + textbook_bubble(2, m)
+    assert idle == sorted(idle, reverse=True) and idle[-1] == pytest.approx(floor, abs=0.01)
+
+
+def test_describe_tells_styles_of_one_class_apart_by_their_layouts():
+    from torch.distributed.tensor import Shard
+
+    plain, sharded_output = ColwiseParallel(), ColwiseParallel(output_layouts=Shard(0))
+    assert describe({"0": plain}) == ["0: ColwiseParallel, input R, output S(-1)"]
+    assert describe({"0": plain}) != describe({"0": sharded_output})
 
 
 def test_replay_refuses_orders_that_wait_on_each_other():

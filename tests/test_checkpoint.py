@@ -171,3 +171,13 @@ def test_youngs_lost_share_is_smallest_at_the_square_root_interval():
     for save_s, mtbf_s in ((20.0, 86_400.0), (300.0, 3_600.0)):
         best = intervals[np.argmin(young_lost_share(intervals, save_s, mtbf_s))]
         assert best == pytest.approx(np.sqrt(2 * save_s * mtbf_s), rel=1e-3)
+
+
+def test_the_recovery_figure_says_which_saves_were_inferred_and_that_youngs_is_a_model():
+    from helpers.notebook.recovery_plots import plot_recovery
+
+    fig = plot_recovery(18, 15, 28, [5, 10, 15], [20, 25, 28], "test data")
+    left, right = fig.axes
+    labels = [t.get_text() for t in left.get_legend().get_texts()]
+    assert "checkpoint saved (inferred)" in labels and "checkpoint saved (reported)" in labels
+    assert "not measured" in right.get_title()

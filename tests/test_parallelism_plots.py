@@ -83,5 +83,10 @@ def test_link_marks_are_drawn_only_on_their_own_panel():
     fig = plot_link_sweeps(sweeps, "test data", {"small": {"loopback": 1.3e9}})
     texts = [[t.get_text().strip() for t in ax.texts] for ax in fig.axes]
     assert texts == [["loopback"], []]  # a link that exists for one workload only
+    # the legends below the panels and the source in a caption, where no curve or label hides them
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
+        assert legend.y1 <= ax.get_window_extent().y0
+    assert fig.get_supxlabel() == "test data"
     with pytest.raises(ValueError, match="key them by title"):
         plot_link_sweeps(sweeps, "test data", {"loopback": {"x": 1e9}})

@@ -110,7 +110,7 @@ def isa_worker(rank: int, world_size: int, caps: list[str], repeats: int = 10) -
     library behind PyTorch's CPU matrix products, may use (``ONEDNN_MAX_CPU_ISA``, read at its
     first product, so set in a fresh process) and times a float32 and a bf16 product, and on
     the uncapped rank the training step too: the same code on older processors. One rank per
-    cap. A bf16 product oneDNN cannot take is timed once: it takes seconds."""
+    cap. A bf16 product oneDNN cannot take is timed once: it is many times slower."""
     import os
 
     import torch.distributed as dist

@@ -270,8 +270,19 @@ def bubble_table(rows: list[dict]) -> list[dict]:
     table = []
     for (name, m), repeats in sorted(by_config.items()):
         medians = {k: statistics.median(r[k] for r in repeats) for k in repeats[0]}
+        per_op = [v for k, v in medians.items() if k.endswith("cpu s per micro-batch")]
+        medians["imbalance floor"] = imbalance_floor(per_op)
         table.append({"schedule": name, "m": m, "repeats": len(repeats), **medians})
     return table
+
+
+def imbalance_floor(seconds_per_micro_batch: list[float]) -> float:
+    """The idle fraction that unequal stages leave however many micro-batches there are: as
+    ``m`` grows the step lasts ``m`` times the slowest stage's time per micro-batch, while the
+    stages compute ``m`` times their sum, so ``1 - sum / (p * max)`` of their time is idle
+    (``(c1 - c0) / (2 c1)`` for 2 stages of which stage 1 is the slower)."""
+    return 1 - sum(seconds_per_micro_batch) / (len(seconds_per_micro_batch)
+                                               * max(seconds_per_micro_batch))  # fmt: skip
 
 
 def textbook_bubble(stages: int, m: int) -> float:

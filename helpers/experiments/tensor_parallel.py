@@ -56,8 +56,16 @@ def megatron_plan(model: nn.Sequential) -> Plan:
 
 
 def describe(plan: Plan) -> list[str]:
-    """One line per planned layer: its name and its style."""
-    return [f"{name}: {type(style).__name__}" for name, style in plan.items()]
+    """One line per planned layer: its name, its style, and the layouts the style takes its input
+    in and hands its output on in (``R``, ``S(dim)``): two styles of one class can differ there."""
+
+    def placements(style: ParallelStyle, which: str) -> str:
+        return " ".join(str(p) for p in getattr(style, which, ())) or "-"
+
+    return [f"{name}: {type(style).__name__}, input {placements(style, 'input_layouts')}, "
+            f"output {placements(style, 'output_layouts')}"
+            f"{'' if getattr(style, 'use_local_output', True) else ' (a DTensor)'}"
+            for name, style in plan.items()]  # fmt: skip
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@ micro-batches, the activations each schedule keeps, bf16 against float32 per ins
 stacked bars of the bytes each set-up sends per step (by collective), holds (by kind of state)
 or saves for the backward, and the modelled step time of each parallelism against the link's
 bandwidth.
-Each returns its figure, titled with the source of its data; the notebook calls ``plt.show()``."""
+Each returns its figure, titled with the source of its data (the link sweeps: captioned with
+it); the notebook calls ``plt.show()``."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def plot_pipeline_timelines(steps: dict[str, dict[int, list[tuple]]], source: st
 def plot_bubble(table: pd.DataFrame, stages: int, source: str) -> Figure:
     """The pipeline's idle fraction against the micro-batches ``m``: measured on the wall clock
     and replayed from the CPU seconds (medians over repeats), per schedule, beside
-    ``(p - 1) / (m + p - 1)``. ``table``: ``pipeline.bubble_table`` as a DataFrame."""
+    ``(p - 1) / (m + p - 1)`` and, where the table has it, the floor unequal stages leave.
+    ``table``: ``pipeline.bubble_table`` as a DataFrame."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     m = np.unique(table["m"])
     grid = np.geomspace(m.min(), m.max(), 100)
@@ -63,6 +65,9 @@ def plot_bubble(table: pd.DataFrame, stages: int, source: str) -> Figure:
                 label=f"{name}: measured, wall clock")  # fmt: skip
         ax.plot(rows["m"], rows["pipeline idle (replayed)"], "s-", color=f"C{i}", mfc="none",
                 label=f"{name}: replayed from CPU seconds")  # fmt: skip
+        if "imbalance floor" in rows:
+            ax.plot(rows["m"], rows["imbalance floor"], ":", color=f"C{i}", lw=1.5,
+                    label=f"{name}: unequal stages' floor, 1 - sum / (p max)")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xticks(m, [str(v) for v in m])
     ax.set_ylim(0, 1)
@@ -82,7 +87,8 @@ def plot_link_sweeps(sweeps: dict[str, pd.DataFrame], source: str,
     bandwidth (``parallelism_costs.sweep_links``), strategies that do not fit the memory left
     out; vertical lines at named bandwidths (``marks``: per panel title, name to bytes per
     second, so that a link is marked only where it exists)."""
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 5.2), squeeze=False,
+                             layout="constrained")  # fmt: skip
     unknown = set(marks or {}) - set(sweeps)
     if unknown:
         raise ValueError(f"marks for panels not in sweeps: {sorted(unknown)}; key them by title")
@@ -93,17 +99,18 @@ def plot_link_sweeps(sweeps: dict[str, pd.DataFrame], source: str,
                     label=strategy if fits else f"{strategy}: does not fit")  # fmt: skip
         for name, bandwidth in (marks or {}).get(title, {}).items():
             ax.axvline(bandwidth / 1e9, color="0.6", lw=0.8, ls=":")
-            ax.text(bandwidth / 1e9, 1.0, f" {name}", transform=ax.get_xaxis_transform(),
-                    rotation=90, va="top", fontsize=7, color="0.4")  # fmt: skip
+            ax.text(bandwidth / 1e9, 0.02, f"{name} ", transform=ax.get_xaxis_transform(),
+                    rotation=90, ha="right", va="bottom", fontsize=7, color="0.3")  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("link bandwidth (GB/s)")
         ax.set_ylabel("modelled step time (ms)")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Which parallelism when: modelled step time per link\n{source}", fontsize=10)
-    fig.tight_layout()
+        # below the panel, where no curve or link label can hide it
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2)
+    fig.suptitle("Which parallelism when: modelled step time per link", fontsize=10)
+    fig.supxlabel("\n".join(textwrap.wrap(source, 150)), fontsize=8, color="0.3")  # a caption
     return fig
 
 

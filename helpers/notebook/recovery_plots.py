@@ -26,7 +26,8 @@ def plot_recovery(
     mtbf_s: float = 86_400.0,
 ) -> Figure:
     """Left: the training step reached against the steps computed, for a run killed after step
-    ``killed_after`` and resumed from ``resumed_from``, with the checkpoints each attempt saved.
+    ``killed_after`` and resumed from ``resumed_from``, with the checkpoints each attempt saved
+    (``saved_before`` inferred by the caller, ``saved_after`` as the run reported them).
     Right: Young's lost share against the interval for a few save times, optimum marked."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     first = np.arange(killed_after + 1)
@@ -37,9 +38,13 @@ def plot_recovery(
     left.plot([killed_after, killed_after], [killed_after, resumed_from], "k:", lw=1)
     kill = f"kill after step {killed_after}"
     left.plot(killed_after, killed_after, "rx", ms=10, mew=2, label=kill)
-    left.plot(saved_before, saved_before, "o", color="C0", mfc="white", label="checkpoint saved")
+    # the run reports where it resumed and what the second attempt saved; the first attempt's
+    # saves are inferred from the interval (the killed attempt reports nothing)
+    left.plot(saved_before, saved_before, "o", color="C0", mfc="white",
+              label="checkpoint saved (inferred)")  # fmt: skip
     computed_at = [killed_after + s - resumed_from for s in saved_after]
-    left.plot(computed_at, saved_after, "o", color="C1", mfc="white")
+    left.plot(computed_at, saved_after, "o", color="C1", mfc="white",
+              label="checkpoint saved (reported)")  # fmt: skip
     redone = killed_after - resumed_from
     left.axvspan(killed_after, killed_after + redone, color="grey", alpha=0.25,
                  label=f"{redone} step(s) redone")  # fmt: skip
@@ -56,7 +61,7 @@ def plot_recovery(
                    color=line.get_color())  # fmt: skip
     right.set(xscale="log", yscale="log", xlabel="checkpoint interval (minutes)",
               ylabel="time lost (%)", ylim=(0.1, 100),
-              title=f"Young's model: failures {mtbf_s / 3600:g} h apart on average\n"
-                    "(dots: the best interval, sqrt(2 x save x MTBF))")  # fmt: skip
+              title=f"Young's model (1974), not measured: failures {mtbf_s / 3600:g} h apart "
+                    "on average\n(dots: the best interval, sqrt(2 x save x MTBF))")  # fmt: skip
     right.legend(fontsize=8)
     return fig
