@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 
 from helpers.experiments.comm_engineering.knobs import GLOO_THREADS
 
@@ -186,7 +186,7 @@ def plot_hook_payoff(
     which each hook pays, per model size (columns model, hook, pays_below_GB_per_s), beside the
     networks' bandwidths (``bandwidths``, GB/s by name): a hook pays on a network left of its bar's
     end."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.8))
     hooks = list(dict.fromkeys(speedups["hook"]))
     combos = list(dict.fromkeys(zip(speedups["network"], speedups["global_batch"], strict=True)))
     networks = list(dict.fromkeys(speedups["network"]))
@@ -200,7 +200,7 @@ def plot_hook_payoff(
     left.set_xlabel("speed-up of 2 workers (model)")
     left.set_title("each hook's speed-up", fontsize=10)
     left.grid(axis="x", alpha=0.3)
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     models = list(dict.fromkeys(break_even["model"]))
     names = list(dict.fromkeys(break_even["hook"]))
     height = 0.8 / len(models)
@@ -212,11 +212,17 @@ def plot_hook_payoff(
         right.axvline(gb_per_s, color="grey", ls=("--", ":")[j % 2], lw=1.2,
                       label=f"{network}: {gb_per_s:.3g} GB/s")  # fmt: skip
     right.set_xscale("log")
+    shown = [*bandwidths.values(), *break_even["pays_below_GB_per_s"]]
+    low, high = min(shown) / 2, max(shown) * 2
+    right.set_xlim(low, high)
+    right.set_xticks([t for t in (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100) if low <= t <= high])
+    right.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    right.xaxis.set_minor_formatter(NullFormatter())
     right.set_yticks(range(len(names)), names[::-1])
     right.set_xlabel("pays on networks slower than (GB/s, model)")
     right.set_title("break-even bandwidth", fontsize=10)
     right.grid(axis="x", alpha=0.3)
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.suptitle(f"Where compression pays, modelled\nmodel fitted to {banner}", fontsize=10)
     fig.tight_layout()
     return fig
