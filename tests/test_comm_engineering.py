@@ -269,3 +269,23 @@ def test_plot_accumulation_draws_both_loops_under_the_ceiling_and_names_the_data
     assert heights["without no_sync(): one all-reduce per micro-batch"] == [1.5, 1.4, 1.3]
     assert heights["communication free (the ceiling)"] == [1.8, 1.85, 1.9]
     assert [t.get_text() for t in ax.texts] == ["k=1", "k=2", "k=4"]
+
+
+def test_plot_hook_payoff_draws_each_network_and_model_beside_the_bandwidths_and_names_the_data():
+    from helpers.notebook.comm_plots import plot_hook_payoff
+
+    speedups = pd.DataFrame({"hook": ["none", "fp16"] * 2,
+                             "network": ["loopback"] * 2 + ["slow"] * 2,
+                             "global_batch": [256] * 4, "speedup_model": [0.8, 0.9, 0.4, 0.6]})
+    break_even = pd.DataFrame({"model": ["small", "big"], "hook": ["fp16", "fp16"],
+                               "pays_below_GB_per_s": [5.0, 6.0]})  # fmt: skip
+    fig = plot_hook_payoff(speedups, break_even, {"loopback": 1.0, "slow": 0.125}, "DATA BANNER")
+    left, right = fig.axes
+    assert "DATA BANNER" in fig.get_suptitle()
+    points = {line.get_label(): list(line.get_xdata()) for line in left.get_lines()}
+    assert points == {"loopback, global batch 256": [0.8, 0.9],
+                      "slow, global batch 256": [0.4, 0.6]}
+    assert sorted(bar.get_width() for bar in right.patches) == [5.0, 6.0]
+    labels = [t.get_text() for t in right.get_legend().get_texts()]
+    assert labels == ["loopback: 1 GB/s", "slow: 0.125 GB/s", "small", "big"]
+    assert right.get_xscale() == "log"

@@ -20,7 +20,7 @@ def test_powersgd_fails_on_several_buckets_and_trains_on_one():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", powersgd_buckets.__name__], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=5 * powersgd_buckets.DEADLINE_S,
+        capture_output=True, text=True, timeout=powersgd_buckets.LONGEST_S,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     # what each run printed under its heading (the lines that do not start with a space)
@@ -38,4 +38,8 @@ def test_powersgd_fails_on_several_buckets_and_trains_on_one():
     ]
     assert detail.strip().startswith("failed:"), detail
     assert several.strip().startswith("failed:"), several
-    assert one.strip() == f"trained {powersgd_buckets.STEPS} steps; replicas identical: True"
+    trained, slowest = one.strip().split("  ")
+    assert trained == f"trained {powersgd_buckets.STEPS} steps; replicas identical: True"
+    # the stall limit tells a hang from the slowest healthy step with room to spare
+    assert slowest.startswith("slowest step: ")
+    assert float(slowest.split()[2]) < 1e3 * powersgd_buckets.STALL_S / 3, slowest

@@ -124,8 +124,10 @@ def stubborn_sleeper(rank: int, world: int, pid_dir: str, seconds: float) -> int
 
 def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int) -> dict:
     """For notebook 07's tests: DDP's own record of its buckets for each bucket cap; the bucket
-    all-reduces per run with and without no_sync(); what PowerSGD says it compressed."""
+    all-reduces per run with and without no_sync(); what PowerSGD says it compressed (both read
+    by ``pytorch_records``, as the notebook's timings read them)."""
     from helpers.dist.comm_hooks import CommHook, register
+    from helpers.experiments.comm_engineering.timing import pytorch_records
     from helpers.training import TrainConfig, build_model, forward_backward
     from helpers.training.model import make_mlp
 
@@ -145,7 +147,7 @@ def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int
         config = TrainConfig(bucket_cap_mb=cap)
         model = build_model(config, rank)
         train(model, config)  # DDP rebuilds its buckets after the first step, records later
-        rebuilt[str(cap)] = model._get_ddp_logging_data()["rebuilt_bucket_sizes"]
+        rebuilt[str(cap)] = pytorch_records(model)["rebuilt_bucket_sizes"]
     calls = {}
     for every in (False, True):
         config = TrainConfig(accumulation_steps=4, sync_every_micro_batch=every)
@@ -157,7 +159,10 @@ def ddp_communication(rank: int, world: int, caps: list, steps: int, rank_r: int
     model = torch.nn.parallel.DistributedDataParallel(make_mlp(), bucket_cap_mb=7)
     state = register(model, CommHook.POWER_SGD, rank_r)
     train(model, TrainConfig())
-    return {"rebuilt": rebuilt, "calls": calls, "powersgd": list(state.compression_stats())}
+    records = pytorch_records(model)  # read from the model: the state registered on it
+    assert records["comm_hook"] == "powerSGD_hook"
+    powersgd = [state.compression_stats()[0], records["numel_before"], records["numel_after"]]
+    return {"rebuilt": rebuilt, "calls": calls, "powersgd": powersgd}
 
 
 def fp16_and_plain_gradients(rank: int, world: int) -> dict:

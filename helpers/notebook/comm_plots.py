@@ -1,13 +1,14 @@
 """Notebook 07's figures: DDP's all-reduce on a timeline beside backward, the techniques' speed-ups
-against the model, what each DDP knob buys against the communication-free ceiling, and what each
-hook's communication costs. Each returns its figure; the notebook calls ``plt.show()``."""
+against the model, what each DDP knob buys against the communication-free ceiling, what each
+hook's communication costs and where it pays. Each returns its figure; the notebook calls
+``plt.show()``."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 
 from helpers.experiments.comm_engineering.knobs import GLOO_THREADS
 
@@ -173,6 +174,56 @@ def plot_hook_costs(costs: pd.DataFrame, banner: str) -> Figure:
         ax.grid(axis="x", alpha=0.3)
     axes[0, 0].legend(fontsize=8, loc="lower right")
     fig.suptitle(f"What each hook's communication costs per step\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_hook_payoff(
+    speedups: pd.DataFrame, break_even: pd.DataFrame, bandwidths: dict[str, float], banner: str
+) -> Figure:
+    """Where a hook pays, by the model. Left: each hook's speed-up of 2 workers per network and
+    global batch (columns hook, network, global_batch, speedup_model). Right: the bandwidth below
+    which each hook pays, per model size (columns model, hook, pays_below_GB_per_s), beside the
+    networks' bandwidths (``bandwidths``, GB/s by name): a hook pays on a network left of its bar's
+    end."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.8))
+    hooks = list(dict.fromkeys(speedups["hook"]))
+    combos = list(dict.fromkeys(zip(speedups["network"], speedups["global_batch"], strict=True)))
+    networks = list(dict.fromkeys(speedups["network"]))
+    for k, (network, batch) in enumerate(combos):
+        rows = speedups[(speedups["network"] == network) & (speedups["global_batch"] == batch)]
+        rows = rows.set_index("hook").reindex(hooks)
+        ax_y = [len(hooks) - 1 - i + 0.15 * (k - (len(combos) - 1) / 2) for i in range(len(hooks))]
+        left.plot(rows["speedup_model"], ax_y, "os"[k % 2], ls="none",
+                  color=f"C{networks.index(network)}", label=f"{network}, global batch {batch}")
+    left.set_yticks(range(len(hooks)), hooks[::-1])
+    left.set_xlabel("speed-up of 2 workers (model)")
+    left.set_title("each hook's speed-up", fontsize=10)
+    left.grid(axis="x", alpha=0.3)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    models = list(dict.fromkeys(break_even["model"]))
+    names = list(dict.fromkeys(break_even["hook"]))
+    height = 0.8 / len(models)
+    for k, model in enumerate(models):
+        rows = break_even[break_even["model"] == model].set_index("hook").reindex(names)
+        y = [len(names) - 1 - i + height * (k - (len(models) - 1) / 2) for i in range(len(names))]
+        right.barh(y, rows["pays_below_GB_per_s"], height=height, color=f"C{k + 2}", label=model)
+    for j, (network, gb_per_s) in enumerate(bandwidths.items()):
+        right.axvline(gb_per_s, color="grey", ls=("--", ":")[j % 2], lw=1.2,
+                      label=f"{network}: {gb_per_s:.3g} GB/s")  # fmt: skip
+    right.set_xscale("log")
+    shown = [*bandwidths.values(), *break_even["pays_below_GB_per_s"]]
+    low, high = min(shown) / 2, max(shown) * 2
+    right.set_xlim(low, high)
+    right.set_xticks([t for t in (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100) if low <= t <= high])
+    right.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    right.xaxis.set_minor_formatter(NullFormatter())
+    right.set_yticks(range(len(names)), names[::-1])
+    right.set_xlabel("pays on networks slower than (GB/s, model)")
+    right.set_title("break-even bandwidth", fontsize=10)
+    right.grid(axis="x", alpha=0.3)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    fig.suptitle(f"Where compression pays, modelled\nmodel fitted to {banner}", fontsize=10)
     fig.tight_layout()
     return fig
 

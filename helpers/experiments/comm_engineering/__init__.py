@@ -60,6 +60,7 @@ from helpers.experiments.comm_engineering.timelines import (
     timeline_worker,
 )
 from helpers.experiments.comm_engineering.timing import (
+    pytorch_records,
     speedup_table,
     speedup_text,
     time_variants,
@@ -92,7 +93,8 @@ __all__ = [
     "collectives_per_bucket", "communication_free_ceiling", "compression_seconds", "deep_mlp",
     "layer_of_parameters",
     "make_mlp_stack", "mlp_layers", "model_speedups", "model_step_seconds", "overlap_share",
-    "overlap_table", "record_timelines", "saved_activation_bytes", "scaled_compute",
+    "overlap_table", "pytorch_records", "record_timelines", "saved_activation_bytes",
+    "scaled_compute",
     "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",
     "timing_config", "timing_rows", "timing_worker", "train_hooks",
 ]  # fmt: skip

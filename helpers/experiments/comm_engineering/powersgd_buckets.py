@@ -1,6 +1,7 @@
 """PowerSGD on Gloo: 2 processes, an MLP in DDP with powerSGD_hook, fail with several buckets and
 train with one. Run: python -m helpers.experiments.comm_engineering.powersgd_buckets"""
 
+import multiprocessing
 import os
 import socket
 import time
@@ -12,11 +13,19 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-STEPS, DEADLINE_S = 20, 60.0  # a run not done by the deadline is stopped: a hang
+STEPS = 20
+# A launch is stopped as a hang when no step has completed on both ranks for STALL_S seconds, or,
+# before the first step, START_S seconds after the launch (spawning, importing torch, joining the
+# group: over 10 s at a load of 7 on 2 cores). A healthy step takes tens of milliseconds, the
+# first three (DDP's first step, its bucket rebuild, PowerSGD's first compression) up to about a
+# second at that load: STALL_S is ten times that. The healthy launch prints its slowest step.
+START_S, STALL_S = 60.0, 10.0
+LONGEST_S = 3 * (START_S + STEPS * STALL_S)  # the script's three launches, at the very most
 
 
-def worker(rank: int, port: int, bucket_cap_mb: float | None) -> None:
-    """Train STEPS steps; rank 0 prints whether the replicas ended identical."""
+def worker(rank: int, port: int, bucket_cap_mb: float | None, done) -> None:  # noqa: ANN001
+    """Train STEPS steps, counting each completed one in ``done[rank]``; rank 0 prints whether
+    the replicas ended identical, and its slowest step."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
@@ -27,34 +36,47 @@ def worker(rank: int, port: int, bucket_cap_mb: float | None) -> None:
     model.register_comm_hook(state, powersgd.powerSGD_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(rank)
-    for _ in range(STEPS):
+    seconds = []
+    for step in range(STEPS):
+        start = time.perf_counter()
         optimizer.zero_grad()  # each rank its own random batches
         x, y = torch.randn(128, 561, generator=data), torch.randint(6, (128,), generator=data)
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
+        seconds.append(time.perf_counter() - start)
+        done[rank] = step + 1
     both = [torch.cat([p.detach().flatten() for p in mlp.parameters()]) for _ in range(2)]
     dist.all_gather(both, both[rank].clone())  # rank 0 checks that the replicas are identical
     if rank == 0:
         print(f"  trained {STEPS} steps; replicas identical: {torch.equal(*both)}", flush=True)
+        print(f"  slowest step: {max(seconds) * 1e3:.0f} ms, median "
+              f"{sorted(seconds)[STEPS // 2] * 1e3:.0f} ms", flush=True)
     dist.barrier()  # both done with Gloo before either tears it down
     dist.destroy_process_group()
 
 
 def run(label: str, bucket_cap_mb: float | None, debug: str) -> None:
-    """One launch of 2 workers; prints how it ended, a hang stopped at the deadline."""
+    """One launch of 2 workers; prints how it ended, a hang stopped as START_S and STALL_S say."""
     print(f"{label}, TORCH_DISTRIBUTED_DEBUG={debug}:", flush=True)
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug  # the workers inherit it
     with socket.socket() as s:  # a free port for this pair of processes
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.start_processes(worker, args=(port, bucket_cap_mb), nprocs=2, join=False)
-    start = time.monotonic()
+    done = multiprocessing.get_context("spawn").Array("i", 2)  # steps completed, per rank
+    ctx = mp.start_processes(worker, args=(port, bucket_cap_mb, done), nprocs=2, join=False)
+    steps, since, limit = 0, time.monotonic(), START_S
     try:
-        while not ctx.join(timeout=0.5):
-            if time.monotonic() - start > DEADLINE_S:
+        while not ctx.join(timeout=0.2):
+            if min(done[:]) > steps:  # a step completed on both ranks: the clock starts again
+                steps, since, limit = min(done[:]), time.monotonic(), STALL_S
+            elif time.monotonic() - since > limit:
                 for p in ctx.processes:
                     p.kill()
-                print(f"  failed: no step completed for {DEADLINE_S:.0f} s, a hang", flush=True)
+                    p.join()
+                what = (f"no step completed within {START_S:.0f} s of the launch" if steps == 0
+                        else f"no step completed for {STALL_S:.0f} s after step {steps} of "
+                        f"{STEPS}")  # fmt: skip
+                print(f"  failed: {what}, a hang", flush=True)
                 return
     except mp.ProcessExitedException as err:  # a crash: no Python traceback to show
         print(f"  failed: {err}", flush=True)

@@ -12,6 +12,9 @@ from dataclasses import replace
 import pandas as pd
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.data import load_har
 from helpers.dist.comm_hooks import CommHook
@@ -27,20 +30,36 @@ from helpers.training import (
 
 
 def _local_step_seconds(rank: int, world_size: int, config: TrainConfig, X, y):
-    """This rank's seconds per timed step, and its trained model (unwrapped)."""
+    """This rank's seconds per timed step, and its trained model (wrapped, as it trained)."""
     model = build_model(config, rank)
     if world_size > 1:
         dist.barrier()
     loop = train_steps(model, X, y, config, rank, world_size)
     seconds = (time.perf_counter() - loop.clock_start) / (config.max_steps - config.untimed_steps)
-    return seconds, (model.module if hasattr(model, "module") else model)
+    return seconds, model
 
-def _time_one(rank: int, world_size: int, config: TrainConfig, X, y) -> tuple[float, str]:
-    """Seconds per timed step (the slowest rank's) and this rank's weights digest."""
-    local, net = _local_step_seconds(rank, world_size, config, X, y)
+def pytorch_records(model: nn.Module) -> dict:
+    """What PyTorch itself recorded of a trained model's communication: DDP's buckets as rebuilt
+    after the first step and the hook it called (``_get_ddp_logging_data``), and PowerSGD's
+    element counts before and after compression, summed over the steps it compressed
+    (``PowerSGDState.compression_stats``); empty strings and zeros where there is none."""
+    if not isinstance(model, DDP):
+        return {"rebuilt_bucket_sizes": "", "comm_hook": "", "numel_before": 0, "numel_after": 0}
+    logged = model._get_ddp_logging_data()  # a hook never registered is absent
+    states = [s for _, s in model._comm_hooks if isinstance(s, powerSGD_hook.PowerSGDState)]
+    _, before, after = states[0].compression_stats() if states else (0, 0, 0)
+    return {"rebuilt_bucket_sizes": logged.get("rebuilt_bucket_sizes", ""),
+            "comm_hook": logged.get("comm_hook", ""), "numel_before": before,
+            "numel_after": after}  # fmt: skip
+
+def _time_one(rank: int, world_size: int, config: TrainConfig, X, y) -> tuple[float, str, dict]:
+    """Seconds per timed step (the slowest rank's), this rank's weights digest and what PyTorch
+    recorded (``pytorch_records``)."""
+    local, model = _local_step_seconds(rank, world_size, config, X, y)
     seconds = torch.tensor([local])
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return seconds.item(), weights_digest(net)
+    net = model.module if isinstance(model, DDP) else model
+    return seconds.item(), weights_digest(net), pytorch_records(model)
 
 def _time_alone(rank: int, config: TrainConfig, X, y) -> float:
     """Rank 0 trains the whole global batch alone, without DDP, while the others wait: one
@@ -63,19 +82,21 @@ def timing_worker(rank: int, world_size: int, configs: Sequence[TrainConfig], re
     """Worker: ``repeats`` rounds; in each, every config on all workers, preceded, where a new
     global batch starts, by one worker alone at that batch. Returns ``variants``: per config,
     ``(seconds per step, replicas identical)`` per round; ``alone``: per batch, one worker's
-    seconds per step per round. Every rank returns the same."""
+    seconds per step per round; ``records``: per config, this rank's ``pytorch_records`` of its
+    last round. Every rank returns the same timings."""
     _, X, y = worker_data(configs, world_size)
     results: list[list[tuple[float, bool]]] = [[] for _ in configs]
+    records: list[dict] = [{} for _ in configs]
     alone: dict[int, list[float]] = {}
     for _ in range(repeats):
         for i, config in enumerate(configs):
             if i == 0 or configs[i - 1].global_batch != config.global_batch:
                 alone.setdefault(config.global_batch, []).append(_time_alone(rank, config, X, y))
-            seconds, digest = _time_one(rank, world_size, config, X, y)
+            seconds, digest, records[i] = _time_one(rank, world_size, config, X, y)
             digests: list[str] = [""] * world_size
             dist.all_gather_object(digests, digest)
             results[i].append((seconds, len(set(digests)) == 1))
-    return {"variants": results, "alone": alone}
+    return {"variants": results, "alone": alone, "records": records}
 
 def time_variants(
     variants: Sequence[Variant],
@@ -101,8 +122,9 @@ def timing_rows(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``timing_worker``'s rounds as tables: the variants' (variant, global_batch, step_seconds:
     the median over the rounds, min_seconds and max_seconds: the fastest and the slowest round,
-    replicas_identical in every round), in the order of ``points``, and one worker's
-    (global_batch, step_seconds, min_seconds, max_seconds)."""
+    replicas_identical in every round, and rank 0's ``pytorch_records`` where ``found`` has
+    them), in the order of ``points``, and one worker's (global_batch, step_seconds,
+    min_seconds, max_seconds)."""
 
     def spread(times: Sequence[float]) -> dict:
         return {
@@ -117,6 +139,7 @@ def timing_rows(
             "global_batch": b,
             **spread([s for s, _ in found["variants"][i]]),
             "replicas_identical": all(same for _, same in found["variants"][i]),
+            **(found["records"][i] if "records" in found else {}),
         }
         for i, (name, b) in enumerate(points)
     ]
