@@ -311,19 +311,18 @@ def traffic_table(runs: list[RunResult]) -> pd.DataFrame:
 
 
 def replay_by_kind(runs: list[RunResult]) -> pd.DataFrame:
-    """Per run and kind of collective, rank 0's replay of its counted step: the calls, their
-    messages' MB, the sum of the calls' median ms, and ms per MB of message. Where a step's
-    collectives alone take longer than its bytes say, this shows which kind costs more."""
+    """Per run and kind of collective (every kind its counted step issued, a broadcast too),
+    rank 0's replay of that step: the calls, their messages' MB, the sum of the calls' median
+    ms, and ms per MB of message. Where a step's collectives alone take longer than its bytes
+    say, this shows which kind costs more."""
     rows = []
     for run in runs:
         probe = run.probes[0]
         if probe["replay_call_seconds"] is None:
             raise ValueError(f"{label(run)} was not replayed: pass ShardingProbe(replay_repeats=5)")
         timed = list(zip(probe["calls"], probe["replay_call_seconds"], strict=True))
-        for kind in COUNTED:
+        for kind in dict.fromkeys(k for k, _ in probe["calls"]):  # every kind, in call order
             mine = [(message, seconds) for (k, message), seconds in timed if k == kind]
-            if not mine:
-                continue
             message_mb = sum(m for m, _ in mine) / MB
             ms = 1e3 * sum(s for _, s in mine)
             rows.append({"run": label(run), "kind": kind, "calls": len(mine),
