@@ -87,6 +87,7 @@ def test_replay_by_kind_sums_each_kinds_calls_and_refuses_a_run_not_replayed():
     assert gathers["calls"] == 2 and gathers["message MB"] == pytest.approx(4.0)
     assert gathers["alone ms"] == pytest.approx(4.0) and gathers["ms per MB"] == pytest.approx(1.0)
     assert scatter["calls"] == 1 and scatter["ms per MB"] == pytest.approx(2.0)
+    assert gathers["ms per call"] == pytest.approx(2.0)
     assert (label(run), "all-reduce") not in table.index  # no call of that kind, no row
     with pytest.raises(ValueError, match="replay_repeats"):
         replay_by_kind([run_result(sync="ddp", probes=[{**probe, "replay_call_seconds": None}])])

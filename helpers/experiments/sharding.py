@@ -313,8 +313,8 @@ def traffic_table(runs: list[RunResult]) -> pd.DataFrame:
 def replay_by_kind(runs: list[RunResult]) -> pd.DataFrame:
     """Per run and kind of collective (every kind its counted step issued, a broadcast too),
     rank 0's replay of that step: the calls, their messages' MB, the sum of the calls' median
-    ms, and ms per MB of message. Where a step's collectives alone take longer than its bytes
-    say, this shows which kind costs more."""
+    ms, ms per call, and ms per MB of message (from 1 MB of messages). Where a step's
+    collectives alone take longer than its bytes say, this shows which kind costs more."""
     rows = []
     for run in runs:
         probe = run.probes[0]
@@ -326,8 +326,9 @@ def replay_by_kind(runs: list[RunResult]) -> pd.DataFrame:
             message_mb = sum(m for m, _ in mine) / MB
             ms = 1e3 * sum(s for _, s in mine)
             rows.append({"run": label(run), "kind": kind, "calls": len(mine),
-                         "message MB": message_mb, "alone ms": ms,
-                         "ms per MB": ms / message_mb})  # fmt: skip
+                         "message MB": message_mb, "alone ms": ms, "ms per call": ms / len(mine),
+                         # under 1 MB a call's time is its fixed cost: per MB it says nothing
+                         "ms per MB": ms / message_mb if message_mb >= 1 else float("nan")})
     return pd.DataFrame(rows).set_index(["run", "kind"])
 
 
