@@ -101,6 +101,16 @@ def test_fsdp2_sends_one_and_a_half_times_ddps_bytes(ddp_run, fsdp_run):
 
 
 
+def test_the_probe_splits_the_rss_growth_by_part_and_counts_the_imports(ddp_run):
+    for probe in ddp_run.probes:
+        parts = probe["growth_by_part"]
+        assert list(parts) == ["setup", "first_step", "later_steps"]
+        assert None not in parts.values()  # 5 steps: every part was reached
+        # the parts run from the baseline to the later steps' peak, at most the whole peak's
+        assert sum(parts.values()) <= probe["peak_growth"]
+        assert list(probe["modules_imported"]) == list(parts)
+
+
 def test_traffic_by_kind_splits_the_tables_total_and_the_figures_name_their_data(
     ddp_run, fsdp_run
 ):

@@ -73,3 +73,21 @@ def test_the_step_figure_draws_each_runs_step_and_collectives_with_their_calls()
     assert "6 all-gathers" in bottom and "3 reduce-scatters" in bottom
     assert "all-reduce" not in bottom
     assert "test data" in ax.get_title()
+
+
+def test_replay_by_kind_sums_each_kinds_calls_and_refuses_a_run_not_replayed():
+    from helpers.experiments.sharding import label, replay_by_kind
+
+    calls = [("all-gather", 2_000_000), ("reduce-scatter", 4_000_000), ("all-gather", 2_000_000)]
+    probe = {"calls": calls, "replay_call_seconds": [0.001, 0.008, 0.003]}
+    run = run_result(sync="fsdp2", probes=[probe])
+    table = replay_by_kind([run])
+    gathers = table.loc[(label(run), "all-gather")]
+    scatter = table.loc[(label(run), "reduce-scatter")]
+    assert gathers["calls"] == 2 and gathers["message MB"] == pytest.approx(4.0)
+    assert gathers["alone ms"] == pytest.approx(4.0) and gathers["ms per MB"] == pytest.approx(1.0)
+    assert scatter["calls"] == 1 and scatter["ms per MB"] == pytest.approx(2.0)
+    assert gathers["ms per call"] == pytest.approx(2.0)
+    assert (label(run), "all-reduce") not in table.index  # no call of that kind, no row
+    with pytest.raises(ValueError, match="replay_repeats"):
+        replay_by_kind([run_result(sync="ddp", probes=[{**probe, "replay_call_seconds": None}])])

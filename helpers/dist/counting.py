@@ -76,20 +76,22 @@ class CollectiveCounter(TorchDispatchMode):
             return result
         return func(*args, **kwargs)
 
-def replay_seconds(calls: list[tuple[str, int]], repeats: int) -> float:
-    """Median seconds to issue ``calls`` again, alone, one after another (every rank must call
-    it): the communication of one step without the computation around it."""
+def replay_call_seconds(calls: list[tuple[str, int]], repeats: int) -> list[float]:
+    """Issue ``calls`` again, alone, one after another (every rank must call it), and return each
+    call's median seconds: the communication of one step without the computation around it,
+    call by call, so that a total can be traced to the kinds and sizes that make it."""
     world = dist.get_world_size()
     buffers = []
     for kind, message in calls:
         n = max(1, message // 4)
         n -= n % world
         buffers.append((kind, torch.zeros(n), torch.zeros(max(1, n // world))))
-    times = []
+    rounds = []
     for _ in range(repeats + 1):  # the first round is a warm-up
         dist.barrier()
-        started = time.perf_counter()
+        durations = []
         for kind, whole, shard in buffers:
+            started = time.perf_counter()
             if kind == "all-reduce":
                 dist.all_reduce(whole)
             elif kind == "all-gather":
@@ -98,8 +100,9 @@ def replay_seconds(calls: list[tuple[str, int]], repeats: int) -> float:
                 dist.reduce_scatter_single(shard, whole)
             elif kind == "broadcast":
                 dist.broadcast(whole, 0)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times[1:])
+            durations.append(time.perf_counter() - started)
+        rounds.append(durations)
+    return [statistics.median(call) for call in zip(*rounds[1:], strict=True)]
 
 def per_step_traffic(calls: list[tuple[str, int]], world_size: int) -> dict[str, dict]:
     """One step's collectives summed by kind: calls, message bytes, and the bytes each worker

@@ -36,20 +36,22 @@ UNTIMED = 2  # steps before the clock starts (DDP builds its buckets at the firs
 
 @dataclass(frozen=True)
 class Prices:
-    """What a core costs per hour and draws in watts: examples, to be replaced by your own."""
+    """What a core costs per hour and draws in watts: illustrative figures of the right order, not
+    quotes, to be replaced by your own. Both scale every setup's cost alike (per core-second), so
+    they change the dollars and joules, never which setup is cheaper."""
 
     usd_per_core_hour: float = 0.34 / 8
     usd_source: str = (
-        "AWS c5.2xlarge (8 vCPUs) On-Demand, US East (N. Virginia): $0.34 an hour, as printed in "
-        "AWS's EC2 Auto Scaling User Guide, 'Spot price per unit hour example', which calls it "
-        "example, not current, pricing (a stored copy, read 2026-12-01); $0.0425 per vCPU-hour"
+        "illustrative, not a quote: $0.34 an hour for 8 vCPUs, the on-demand price AWS's EC2 Auto "
+        "Scaling User Guide prints for a c5.2xlarge as an example, not as current pricing (read "
+        "2026-12-01); what you pay depends on the provider, region, date and contract: enter it"
     )
     watts_per_core: float = 360 / 192
     watts_source: str = (
-        "AMD EPYC 9654 (Genoa, 2022): default TDP 360 W for 96 cores, 192 threads, per AMD's "
-        "specification (as tabulated at hpctech.co.jp/product/amd-epyc-9004-series/, read "
-        "2026-12-01); 1.9 W per hardware thread, the processor alone (no memory, fans or "
-        "power supply), so a lower bound"
+        "illustrative: 360 W over 192 hardware threads, the default TDP and thread count that "
+        "published tables give for an AMD EPYC 9654 (hpctech.co.jp/product/amd-epyc-9004-series/, "
+        "read 2026-12-01); the processor alone (no memory, fans or power supply), so a lower "
+        "bound; enter your machine's"
     )
 
 

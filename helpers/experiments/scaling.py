@@ -136,6 +136,9 @@ class StepFacts:
     def start(self, rank: int, world_size: int) -> None:
         pass
 
+    def ready(self, model: nn.Module) -> None:
+        pass
+
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         pass
 

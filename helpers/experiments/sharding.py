@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import pandas as pd
 import torch
@@ -23,7 +25,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from helpers.dist.counting import COUNTED, CollectiveCounter, per_step_traffic, replay_seconds
+from helpers.dist.counting import (
+    COUNTED,
+    CollectiveCounter,
+    per_step_traffic,
+    replay_call_seconds,
+)
 from helpers.experiments.memory import (
     MB,
     MemoryBudgetError,
@@ -114,13 +121,19 @@ class ShardingProbe:
     """What a worker measures around ``train_steps`` (pass ``probe=ShardingProbe(...)`` to
     ``run_training``): memory after every step, a budget, one step's collectives, a checkpoint.
 
+    The RSS is read at three moments, so that its growth can be told apart: before the model is
+    built, once it is built and wrapped (what setting up imports and allocates), and after the
+    first step (the gradients and the optimizer's state then exist); the peak of the later steps
+    is read above the last. The modules imported in each part are counted: an import raises the
+    RSS as much as a tensor does.
+
     ``budget_bytes``: the most bytes of parameters, gradients and optimizer state the worker
     may hold, read from its tensors after every step; over it, the worker stops with a
     ``MemoryBudgetError``. (The peak RSS is reported, not budgeted: it also counts what the
     allocator keeps after freeing, which differs between allocators and platforms.)
     ``count_step``: the step whose collectives are recorded, counted from 1 as checkpoints
     count (None: none; the first cannot be, since nothing runs before it).
-    ``replay_repeats``: time those collectives alone, median of this many repeats.
+    ``replay_repeats``: time those collectives alone, each call's median of this many repeats.
     ``save_to``: a folder for a DCP checkpoint after the last step."""
 
     budget_bytes: int | None = None
@@ -132,6 +145,11 @@ class ShardingProbe:
     rank: int = 0
     world_size: int = 1
     baseline_rss: int = 0
+    setup_rss: int | None = None
+    first_step_rss: int | None = None
+    later_peak: int | None = None
+    peak_rss: int = 0
+    modules: list[int] = field(default_factory=list)  # len(sys.modules) at each moment
     exact_peak: bool = False
     held: dict[str, int] = field(default_factory=dict)
     peak_growth: int = 0
@@ -144,8 +162,16 @@ class ShardingProbe:
         training's measurements (one probe serves every training of a launch, ``run_trainings``)."""
         self.rank, self.world_size = rank, world_size
         self.held, self.peak_growth, self.calls, self._counter = {}, 0, [], None
+        self.setup_rss = self.first_step_rss = self.later_peak = None
         self.exact_peak = reset_peak_rss()
         self.baseline_rss = rss_bytes() if self.exact_peak else peak_rss_bytes()
+        self.peak_rss, self.modules = self.baseline_rss, [len(sys.modules)]
+        self.step_times = [time.perf_counter()]
+
+    def ready(self, model: nn.Module) -> None:
+        """The model is built and wrapped, nothing trained yet: what the setup added."""
+        self.setup_rss = rss_bytes()
+        self.modules.append(len(sys.modules))
         self.step_times = [time.perf_counter()]
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -156,7 +182,16 @@ class ShardingProbe:
             self.calls, self._counter = self._counter.calls, None
         held = state_bytes(model, optimizer)
         self.held = {k: max(v, self.held.get(k, 0)) for k, v in held.items()}
-        self.peak_growth = max(0, peak_rss_bytes() - self.baseline_rss)
+        peak = peak_rss_bytes()
+        self.peak_rss = max(self.peak_rss, peak)
+        self.peak_growth = max(0, self.peak_rss - self.baseline_rss)
+        if step == 1:  # from here on, the peak of the later steps alone (exact on Linux)
+            self.first_step_rss = rss_bytes()
+            self.modules.append(len(sys.modules))
+            if self.exact_peak:
+                reset_peak_rss()
+        else:
+            self.later_peak = max(peak, self.later_peak or 0)
         needed = sum(held.values())
         if self.budget_bytes is not None and needed > self.budget_bytes:
             raise MemoryBudgetError(
@@ -176,22 +211,42 @@ class ShardingProbe:
         if self._counter is not None:  # count_step was past the last step
             self._counter.__exit__(None, None, None)
             self._counter = None
+        self.modules.append(len(sys.modules))
         report = {
             "held": dict(self.held),
-            "peak_rss": peak_rss_bytes(),
+            "peak_rss": self.peak_rss,
             "baseline_rss": self.baseline_rss,
             "peak_growth": self.peak_growth,
+            "growth_by_part": _growth_by_part(self),
+            "modules_imported": dict(zip(("setup", "first_step", "later_steps"),
+                                         (b - a for a, b in pairwise(self.modules)),
+                                         strict=False)),  # fmt: skip
             "exact_peak": self.exact_peak,
             "step_seconds": _step_seconds(self.step_times),
             "calls": list(self.calls),
             "replay_seconds": None,
+            "replay_call_seconds": None,
             "optimizer_digest": optimizer_digest(optimizer) if self.digest else None,
         }
         if self.calls and self.replay_repeats:
-            report["replay_seconds"] = replay_seconds(self.calls, self.replay_repeats)
+            per_call = replay_call_seconds(self.calls, self.replay_repeats)
+            report["replay_call_seconds"] = per_call
+            report["replay_seconds"] = sum(per_call)
         if self.save_to is not None:
             save_sharded(model, optimizer, self.save_to)
         return report
+
+
+def _growth_by_part(probe: ShardingProbe) -> dict[str, int | None]:
+    """Bytes the RSS grew in each part of a training: the setup (imports, the model, its
+    wrapper), the first step (from the setup's end), the later steps (their peak, above the
+    first step's end); None where the part was not reached."""
+    marks = [probe.baseline_rss, probe.setup_rss, probe.first_step_rss, probe.later_peak]
+    parts = ["setup", "first_step", "later_steps"]
+    return {
+        part: None if a is None or b is None else b - a
+        for part, (a, b) in zip(parts, pairwise(marks), strict=True)
+    }
 
 
 def _step_seconds(times: list[float]) -> float | None:
@@ -210,11 +265,15 @@ def label(run: RunResult) -> str:
 def memory_table(runs: list[RunResult]) -> pd.DataFrame:
     """Per run, rank 0's MB of parameters, gradients and optimizer state read from its tensors,
     their total, and its process's peak RSS, with the growth over the RSS just before the model
-    was built."""
+    was built, and that growth by part (``_growth_by_part``: setup, first step, later steps)."""
     rows = []
     for run in runs:
         probe = run.probes[0]
         held = {k: v / MB for k, v in probe["held"].items()}
+        parts = {
+            f"{part}_growth": float("nan") if value is None else value / MB
+            for part, value in probe["growth_by_part"].items()
+        }
         rows.append(
             {
                 "run": label(run),
@@ -222,6 +281,7 @@ def memory_table(runs: list[RunResult]) -> pd.DataFrame:
                 "state_total": sum(held.values()),
                 "peak_rss": probe["peak_rss"] / MB,
                 "peak_rss_growth": probe["peak_growth"] / MB,
+                **parts,
             }
         )
     return pd.DataFrame(rows).set_index("run")
@@ -248,6 +308,28 @@ def traffic_table(runs: list[RunResult]) -> pd.DataFrame:
     sent = table["sent per worker MB"]
     table.insert(len(COUNTED) + 1, "x first", sent / sent.iloc[0])
     return table
+
+
+def replay_by_kind(runs: list[RunResult]) -> pd.DataFrame:
+    """Per run and kind of collective (every kind its counted step issued, a broadcast too),
+    rank 0's replay of that step: the calls, their messages' MB, the sum of the calls' median
+    ms, ms per call, and ms per MB of message (from 1 MB of messages). Where a step's
+    collectives alone take longer than its bytes say, this shows which kind costs more."""
+    rows = []
+    for run in runs:
+        probe = run.probes[0]
+        if probe["replay_call_seconds"] is None:
+            raise ValueError(f"{label(run)} was not replayed: pass ShardingProbe(replay_repeats=5)")
+        timed = list(zip(probe["calls"], probe["replay_call_seconds"], strict=True))
+        for kind in dict.fromkeys(k for k, _ in probe["calls"]):  # every kind, in call order
+            mine = [(message, seconds) for (k, message), seconds in timed if k == kind]
+            message_mb = sum(m for m, _ in mine) / MB
+            ms = 1e3 * sum(s for _, s in mine)
+            rows.append({"run": label(run), "kind": kind, "calls": len(mine),
+                         "message MB": message_mb, "alone ms": ms, "ms per call": ms / len(mine),
+                         # under 1 MB a call's time is its fixed cost: per MB it says nothing
+                         "ms per MB": ms / message_mb if message_mb >= 1 else float("nan")})
+    return pd.DataFrame(rows).set_index(["run", "kind"])
 
 
 def traffic_by_kind(runs: list[RunResult]) -> pd.DataFrame:

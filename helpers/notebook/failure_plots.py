@@ -115,10 +115,11 @@ def plot_slowdown(
     return fig
 
 
-def plot_miscounted(rows: list[dict], banner: str) -> Figure:
+def plot_miscounted(rows: list[dict], source: str) -> Figure:
     """The test windows ``DistributedSampler`` counts twice (padding) or never (``drop_last``)
     against the world size: the rows of ``evaluation.padding_table``, under their bound of
-    ``workers - 1``."""
+    ``workers - 1``. Those rows are the sampler's arithmetic, not a measurement: ``source``, the
+    line under the title, should say so."""
     table = pd.DataFrame(rows)
     fig, ax = plt.subplots(figsize=(7.0, 3.6))
     w = table["workers"]
@@ -130,6 +131,6 @@ def plot_miscounted(rows: list[dict], banner: str) -> Figure:
     ax.set_ylabel("test windows")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"What a sharded evaluation miscounts\n{banner}", fontsize=10)
+    ax.set_title(f"What a sharded evaluation miscounts\n{source}", fontsize=10)
     return fig
 

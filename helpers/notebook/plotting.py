@@ -205,7 +205,8 @@ def plot_replica_accuracies(
 
 def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
     """Per run, the MB of parameters, gradients and optimizer state a worker holds (stacked, read
-    from its tensors) beside the growth of its peak RSS while training. Table from
+    from its tensors) beside the growth of its RSS while training, stacked by part: the setup
+    (imports, the model, its wrapper), the first step, the later steps' peak. Table from
     ``helpers.experiments.sharding.memory_table``."""
     fig, ax = plt.subplots(figsize=(8.5, 4.0))
     x = range(len(table))
@@ -214,16 +215,21 @@ def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
         ax.bar([p - 0.2 for p in x], table[part], 0.4, bottom=bottom, color=f"C{i}",
                label=part.replace("_", " "))
         bottom += table[part]
-    ax.bar([p + 0.2 for p in x], table["peak_rss_growth"], 0.4, color="0.6",
-           label="peak RSS growth while training")
+    bottom = pd.Series(0.0, index=table.index)
+    parts = {"setup_growth": ("0.85", "RSS growth: setup (imports, model, wrapper)"),
+             "first_step_growth": ("0.6", "RSS growth: first step"),
+             "later_steps_growth": ("0.35", "RSS growth: later steps' peak")}  # fmt: skip
+    for column, (grey, name) in parts.items():
+        height = table[column].fillna(0.0)
+        ax.bar([p + 0.2 for p in x], height, 0.4, bottom=bottom, color=grey, label=name)
+        bottom += height
     ax.set_xticks(list(x), table.index, fontsize=9)
     ax.set_ylabel("MB per worker (rank 0)")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"What a worker holds: its tensors against its peak RSS\n{banner}", fontsize=10)
+    ax.set_title(f"What a worker holds: its tensors against its RSS growth\n{banner}", fontsize=10)
     fig.tight_layout()
     return fig
-
 
 
 def plot_zero_stages(param_bytes: float, optimizer: str, world_sizes: list[int],

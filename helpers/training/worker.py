@@ -27,10 +27,13 @@ from helpers.training.wrap import build_model, unwrapped
 
 class Probe(Protocol):
     """Measurements taken inside a worker around the training (``helpers.experiments.sharding``'s
-    ``ShardingProbe``): ``start`` before the model is built, ``after_step`` after every step,
-    ``finish`` after the last, whose dict comes back in ``RunResult.probes``."""
+    ``ShardingProbe``): ``start`` before the model is built, ``ready`` once it is built and
+    wrapped, ``after_step`` after every step, ``finish`` after the last, whose dict comes back in
+    ``RunResult.probes``."""
 
     def start(self, rank: int, world_size: int) -> None: ...
+
+    def ready(self, model: nn.Module) -> None: ...
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         ...
@@ -102,6 +105,8 @@ def _train_one(
     if probe is not None:
         probe.start(rank, world_size)
     model = build_model(config, rank, device=device)
+    if probe is not None:
+        probe.ready(model)
     saver = Checkpointer(checkpoint, run_identity(config), rank) if checkpoint else None
     dist.barrier()  # start the clock when every worker is ready
     ready_at = time.time()
