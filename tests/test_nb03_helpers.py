@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from helpers.data import ACTIVITIES, HARData, load_har
 from helpers.experiments.replicas import (
     MISTAKES,
     SYNCS,
+    GapProbe,
     class_balance,
     epoch_coverage,
     format_gap,
@@ -25,8 +28,8 @@ from helpers.experiments.replicas import (
     verdicts,
     weight_gap,
 )
-from helpers.notebook.plotting import plot_class_balance, plot_replica_accuracies
-from helpers.training import TrainConfig, steps_per_epoch
+from helpers.notebook.plotting import plot_class_balance, plot_mistake_gaps
+from helpers.training import TrainConfig, run_trainings, steps_per_epoch
 
 
 def fake_run(weights: list[np.ndarray], world: int | None = None, accuracy: float = 0.9):
@@ -179,9 +182,32 @@ def test_the_figures_label_their_axes_and_name_the_data():
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list(ACTIVITIES)
     plt.close(fig)
 
-    runs = {("different seeds", "none"): fake_run([W, W + 0.5], accuracy=0.8)}
-    fig = plot_replica_accuracies(mistakes_table(runs, fake_run([W, W])), 0.9, "data: test banner")
-    ax = fig.axes[0]
-    assert "data: test banner" in ax.get_title() and ax.get_ylabel() == "test accuracy (%)"
-    assert sorted(p.get_height() for p in ax.patches) == pytest.approx([80.0, 81.0])
+    reports = {
+        ("different seeds", "none"): {"replica_gaps": [0.1, 0.2], "reference_gaps": {2: 0.3}},
+        ("different seeds", "ddp"): {"replica_gaps": [0.0, 0.0], "reference_gaps": {2: 0.0}},
+    }
+    fig = plot_mistake_gaps(reports, 2e-3, "data: test banner")
+    left, right = fig.axes
+    assert "data: test banner" in fig.texts[0].get_text()  # the suptitle
+    assert left.get_yscale() == right.get_yscale() == "log"
+    drawn = [line.get_ydata() for line in left.get_lines()]
+    assert list(drawn[0]) == pytest.approx([0.1, 0.2])
+    assert min(drawn[1]) > 0  # the same bits, drawn on the floor: a log scale has no 0
+    assert any(line.get_ydata()[0] == 2e-3 for line in right.get_lines())  # the tolerance
     plt.close(fig)
+
+
+@pytest.mark.slow
+def test_the_gap_probe_measures_what_the_final_weights_show():
+    # a small model, 14 steps: the first training is the reference, the second drifts apart
+    base = TrainConfig(epochs=1, max_steps=14, hidden=32, data="standin", return_weights=True)
+    drifting = replace(base, sync="none", seed_per_rank=True)
+    reference, drift = run_trainings(2, [base, drifting], probe=GapProbe(every=7))
+    for probe in reference.probes:
+        assert probe["replica_gaps"] == [0.0] * 14 and probe["reference_gaps"] == {7: 0.0, 14: 0.0}
+    for probe in drift.probes:  # every rank reports the same all-reduced gaps
+        assert probe == drift.probes[0]
+    gaps = drift.probes[0]
+    assert len(gaps["replica_gaps"]) == 14 and min(gaps["replica_gaps"]) > 0
+    assert gaps["replica_gaps"][-1] == replica_gap(drift)  # exact, not to rounding
+    assert gaps["reference_gaps"][14] == gap_to_reference(drift, reference)

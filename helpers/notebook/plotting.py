@@ -170,32 +170,39 @@ def plot_class_balance(balance: pd.DataFrame, banner: str) -> Figure:
     return fig
 
 
-def plot_replica_accuracies(
-    table: pd.DataFrame, reference_accuracy: float, banner: str, world: int = 2
-) -> Figure:
-    """Test accuracy of every replica for each (mistake, sync) row of
-    ``helpers.experiments.replicas.mistakes_table``, the reference run's accuracy as a dashed
-    line: replicas that agree give bars of equal height, the same training gives bars on the
-    line."""
-    fig, ax = plt.subplots(figsize=(9, 4))
-    labels = [f"{mistake}\nsync={sync}" for mistake, sync in table.index]
-    width = 0.8 / world
-    for rank in range(world):
-        xs = [i + (rank - (world - 1) / 2) * width for i in range(len(table))]
-        ax.bar(xs, table[f"accuracy {rank} %"], width, label=f"replica on rank {rank}")
-    ax.axhline(
-        100 * reference_accuracy,
-        color="black",
-        ls="--",
-        lw=1,
-        label=f"reference run ({100 * reference_accuracy:.2f}%)",
-    )
-    ax.set_xticks(range(len(table)), labels, fontsize=8)
-    low = min(table[f"accuracy {r} %"].min() for r in range(world))
-    ax.set_ylim(max(0.0, low - 5), 100)
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Each replica's test accuracy, {world} workers\n{banner}", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", ncols=world + 1)
+def plot_mistake_gaps(runs: dict[tuple[str, str], dict], atol: float, banner: str) -> Figure:
+    """Notebook 03's mistakes, step by step, from each run's ``GapProbe`` report (rank 0's,
+    keyed by (mistake, sync)), on a log scale: left, the largest difference between the
+    replicas after every step; right, the largest difference from the reference's weights every
+    few steps, with the tolerance that still calls a run the same training. A gap of 0 (the same
+    bits) is drawn on a dotted floor, since a log scale has no 0."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    values = [v for r in runs.values() for v in [*r["replica_gaps"], *r["reference_gaps"].values()]]
+    positive = [v for v in values if v > 0]
+    floor = min(positive) / 10 if positive else atol / 1e6
+    colours = {mistake: f"C{i}" for i, mistake in enumerate(dict.fromkeys(m for m, _ in runs))}
+    styles = {"none": ":", "allreduce": "--", "ddp": "-"}
+    for (mistake, sync), report in runs.items():
+        style = dict(color=colours[mistake], ls=styles.get(sync, "-."), lw=1.4,
+                     label=f"{mistake}, sync={sync}")  # fmt: skip
+        gaps = np.maximum(report["replica_gaps"], floor)
+        left.plot(np.arange(1, len(gaps) + 1), gaps, **style)
+        steps = sorted(report["reference_gaps"])
+        right.plot(steps, np.maximum([report["reference_gaps"][s] for s in steps], floor),
+                   marker=".", **style)  # fmt: skip
+    right.axhline(atol, color="black", ls="-", lw=0.8, label=f"same training: within {atol:g}")
+    for ax in (left, right):
+        ax.axhline(floor, color="grey", ls=":", lw=1, label="0: the same bits")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+    left.set_ylabel("largest weight difference")
+    left.set_title("between the two replicas, after every step", fontsize=10)
+    right.set_title("from the reference's weights (any replica)", fontsize=10)
+    left.legend(fontsize=7, loc="center right")
+    handles, labels = right.get_legend_handles_labels()
+    right.legend(handles[-2:], labels[-2:], fontsize=7, loc="center right")
+    fig.suptitle(f"Two mistakes x three kinds of sync, weight gaps step by step\n{banner}",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
