@@ -4,6 +4,7 @@ it did: the rows each rank trained on, who saved, and its weights against one pr
 course's reference (``grade``)."""
 
 from helpers.experiments.ddp_script.grade import (
+    SCRIPT_ATOL,
     accuracy_counts,
     checkpoint_weights,
     each_sample_once,
@@ -41,6 +42,7 @@ from helpers.experiments.ddp_script.versions import (
 __all__ = [
     "EVALUATE_PADDED",
     "MISTAKES",
+    "SCRIPT_ATOL",
     "STEPS",
     "TEMPLATES",
     "ScriptFailed",

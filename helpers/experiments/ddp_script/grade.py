@@ -19,10 +19,17 @@ import pandas as pd
 import torch
 
 from helpers.experiments.ddp_script.run import ScriptRun
-from helpers.experiments.replicas import SAME_TRAINING_ATOL, weight_gap
+from helpers.experiments.replicas import weight_gap
 from helpers.training import final_weights, steps_per_epoch
 from helpers.training.model import make_mlp
 from helpers.training.order import epoch_order
+
+# "To rounding" for notebook 04's runs: 2 epochs, 56 steps at global batch 256 (notebook 03's
+# SAME_TRAINING_ATOL is for its 140). After 56 steps, one process against 2 workers, rounding moved
+# the weights by 2e-8 natively (AMD) and by up to 3e-5 on the simulated processor
+# (ATEN_CPU_CAPABILITY=default), on the recordings and the stand-in; another data order moved them
+# by 8e-3 to 1.4e-2. The geometric middle, 5e-4, leaves a factor of over 15 on either side.
+SCRIPT_ATOL = 5e-4
 
 SAVED = "saved "  # the line a script prints after writing its checkpoint
 ACCURACY = re.compile(r"test accuracy: (\d+)/(\d+)")
@@ -115,10 +122,11 @@ def grade(
     epochs: int,
     one_process: np.ndarray,
     reference: np.ndarray,
-    atol: float = SAME_TRAINING_ATOL,
+    atol: float = SCRIPT_ATOL,
 ) -> dict[str, bool]:
     """Yes or no, for each thing a correct script must do (the same on every processor when the
-    weight gaps are far from ``atol``, as rounding's and real changes' are)."""
+    weight gaps are far from ``atol``, as rounding's and real changes' are; ``SCRIPT_ATOL`` is
+    derived for 2 epochs at global batch 256: a longer training needs its own)."""
     run.check()
     per_epoch = steps_per_epoch(n_train, global_batch)
     batches = global_batches(seen(run))
