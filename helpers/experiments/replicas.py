@@ -116,6 +116,9 @@ class GapProbe:
         self.trainings += 1
         self.replica_gaps, self.reference_gaps = [], {}
 
+    def ready(self, model: nn.Module) -> None:
+        pass
+
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """After step ``step`` (counted from 1): the replicas' gap, and every ``every`` steps the
         gap to the reference (the reference keeps its weights instead)."""
