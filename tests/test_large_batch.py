@@ -80,8 +80,13 @@ def test_a_dip_below_the_target_counts_only_once_the_loss_stays_below():
     assert stays_below(steps[:4], losses[:4], 0.4, hold=1.25) is None  # below, not yet for long
     assert stays_below(steps[:5], losses[:5], 0.4, hold=1.25) == 4  # held until step 5 = 1.25 x 4
     assert stays_below(steps, losses, 0.4) == 4
+    assert stays_below(steps[:2], losses[:2], 0.4, hold=1, evals=2) is None  # one evaluation
+    assert stays_below(steps[:5], losses[:5], 0.4, hold=1, evals=3) is None  # two in a row
+    assert stays_below(steps[:6], losses[:6], 0.4, hold=1, evals=3) == 4  # three: 4, 5 and 6
     with pytest.raises(ValueError, match="hold"):
         stays_below(steps, losses, 0.4, hold=0.5)
+    with pytest.raises(ValueError, match="evals"):
+        stays_below(steps, losses, 0.4, evals=0)
 
 
 def test_a_run_stops_once_the_loss_has_stayed_below_the_target():
@@ -99,6 +104,11 @@ def test_a_run_stops_once_the_loss_has_stayed_below_the_target():
     assert run.steps_run >= 1.25 * run.steps and run.steps_run == run.checkpoints[-1]
     first = train_to_target(data, 50, 0.1, 0, target=target, max_steps=30, threads=1)  # hold 1
     assert first.steps == first.steps_run == full.checkpoints[10]  # the first checkpoint below
+    three = train_to_target(data, 50, 0.1, 0, target=target, max_steps=30, threads=1, evals=3)
+    at = three.checkpoints.index(three.steps)
+    # the count: the first of three evaluations in a row below the target; it stops at the third
+    assert three.losses == full.losses[: len(three.losses)] and len(three.losses) == at + 3
+    assert max(three.losses[at:]) <= target and (at == 0 or three.losses[at - 1] > target)
 
 
 def test_after_step_sees_the_model_before_and_after_every_step():

@@ -8,8 +8,10 @@ every batch, and the evaluations cost little. A loss that swings can dip below t
 come back up. With ``hold > 1`` a run is counted as reaching the target only where the loss
 *stays* below it (``stays_below``): the count is the first checkpoint from which every later loss
 is at or below the target, and the run goes on until that has held for ``hold`` times the steps
-(``HOLD``: 25% more). The default, ``hold = 1``, counts the first checkpoint at or below the
-target, however briefly: what notebook 06 counts, and what Shallue et al. count (the first
+(``HOLD``: 25% more). With ``evals = k`` the count is the first of k evaluations in a row at or
+below the target: what notebook 06 counts (k = 3), since its loss swings back above the target
+after many first crossings. The defaults, ``hold = 1`` and ``evals = 1``, count the first
+checkpoint at or below the target, however briefly: what Shallue et al. count (the first
 periodic evaluation past the goal).
 One process trains: N workers at global batch B take the same steps (notebooks 03 and 04).
 """
@@ -64,17 +66,26 @@ def diverged(first_loss: float, losses: Sequence[float]) -> bool:
 
 
 def stays_below(
-    steps: Sequence[int], losses: Sequence[float], target: float, hold: float = HOLD
+    steps: Sequence[int],
+    losses: Sequence[float],
+    target: float,
+    hold: float = HOLD,
+    evals: int = 1,
 ) -> int | None:
     """The first checkpoint from which the loss stays at or below ``target`` up to the last one,
-    if the last is at least ``hold`` times it (the loss held there long enough to trust); else
-    None. ``hold = 1`` is the first checkpoint at or below the target, however briefly."""
-    if hold < 1 or len(steps) != len(losses):
-        raise ValueError(f"need hold >= 1 and one loss per checkpoint, got hold {hold}")
-    start = None
+    if the last is at least ``hold`` times it and that makes at least ``evals`` checkpoints (the
+    loss held there long enough to trust); else None. ``hold = 1`` and ``evals = 1``: the first
+    checkpoint at or below the target, however briefly."""
+    if hold < 1 or evals < 1 or len(steps) != len(losses):
+        raise ValueError(
+            f"need hold >= 1, evals >= 1 and one loss per checkpoint, got hold {hold}, "
+            f"evals {evals}"
+        )
+    start, below = None, 0
     for step, loss in zip(steps, losses, strict=True):
-        start = (start or step) if loss <= target else None
-    return start if start is not None and steps[-1] >= hold * start else None
+        start, below = ((start or step), below + 1) if loss <= target else (None, 0)
+    held = start is not None and below >= evals and steps[-1] >= hold * start
+    return start if held else None
 
 
 @dataclass(frozen=True)
@@ -124,13 +135,15 @@ def train_to_target(
     threads: int = 2,
     after_step: Callable[[int, torch.nn.Module], None] | None = None,
     hold: float = 1.0,
+    evals: int = 1,
 ) -> TargetRun:
     """Plain SGD on ``global_batch`` samples a step at rate ``lr`` (ramped linearly from 0 over
     ``warmup_steps``), seed ``seed`` for the initial weights and the data order, until the
     training loss on the evaluation subset has stayed at most ``target`` for ``hold`` times the
-    steps to where it went below for good (``stays_below``), or ``max_steps``, or a loss that is
-    not finite. ``after_step(steps_done, model)`` runs before the first step (0) and
-    after every step, off the clock (notebook 06 measures the noise scale there)."""
+    steps to where it went below for good, and for ``evals`` evaluations (``stays_below``), or
+    ``max_steps``, or a loss that is not finite. ``after_step(steps_done, model)`` runs before
+    the first step (0) and after every step, off the clock (notebook 06 measures the noise
+    scale there)."""
     X, y = reordered(data, seed)
     X_eval, y_eval = eval_subset(data)
     schedule: Schedule = WarmupSteps(warmup_steps) if warmup_steps > 0 else Constant()
@@ -162,9 +175,9 @@ def train_to_target(
                 losses.append(eval_loss(model, X_eval, y_eval))
                 if not math.isfinite(losses[-1]):
                     break
-                if stays_below(done, losses, target, hold) is not None:
+                if stays_below(done, losses, target, hold, evals) is not None:
                     break
-    counted = stays_below(done, losses, target, hold)  # None after a loss that is not finite
+    counted = stays_below(done, losses, target, hold, evals)  # None after a non-finite loss
     steps = done[-1] if counted is None else counted
     return TargetRun(
         global_batch=global_batch,
@@ -195,13 +208,15 @@ def runs_to_target(
     slack: float = 2.0,
     threads: int = 2,
     hold: float = 1.0,
+    evals: int = 1,
 ) -> pd.DataFrame:
     """Every (batch, rate, seed), each run stopped at the target or at ``max_samples`` samples.
     Once some runs at a batch have reached the target, a later run there also stops after
     ``slack`` times the most steps any of them trained: a rate that slow cannot be the batch's
     best, and the runs it would waste are the costliest. For the same reason a rate's other seeds
     are not run once one of its seeds missed the target: the best rate needs every seed there
-    (``best_per_batch``). ``hold``: as in ``train_to_target``. One row per run (``TargetRun``)."""
+    (``best_per_batch``). ``hold``, ``evals``: as in ``train_to_target``. One row per run
+    (``TargetRun``)."""
     if slack <= 1:
         raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
     rows = []
@@ -211,7 +226,7 @@ def runs_to_target(
             for seed in seeds:
                 limit = min(cap, math.ceil(slack * max(reached))) if reached else cap
                 run = train_to_target(
-                    data, batch, lr, seed, target, limit, threads=threads, hold=hold
+                    data, batch, lr, seed, target, limit, threads=threads, hold=hold, evals=evals
                 )
                 rows.append(run.__dict__)
                 if not run.reached:
