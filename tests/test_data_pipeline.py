@@ -187,6 +187,7 @@ def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     assert single["timed_steps"] == 1 and single["seconds"] > 0
     ceiling = table[table["layout"] == "no communication"]
     assert len(ceiling) == (1 if ceiling_plan() else 0)
+    assert len(table.attrs["repeats"]) == 1 + len(ceiling)  # a warm-up and its repeat per launch
 
 
 def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
@@ -222,6 +223,14 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     assert "one worker on every core faster" in close
     assert "never communicating 1.73x, tied with the threads (within 5%)" in close
     assert "because" not in text + tied + close  # no cause the runs did not measure
+    # a wider tie (a repeat's spread): 1.18x against 1.25x, 6% apart, a tie at 10% only
+    wide = baselines.assign(seconds=[3.4, 2.2])
+    assert "a tie" not in speedup_text(sweep, wide)
+    assert "a tie (within 10%" in speedup_text(sweep, wide, tie=0.10)
+    # the gap beside the silent workers named as more than the all-reduce
+    assert "wait for the slower worker" in text
+    # the single device's efficiency divides by its cores: its rows say so
+    assert "single device (eff. per core)" in text
     assert speedup_text(sweep) == speedup_text(sweep, None)  # unchanged without baselines
     with pytest.raises(ValueError, match="global batch \\[512\\]"):
         add_baselines(sweep, baselines.assign(global_batch=512))

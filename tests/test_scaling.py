@@ -194,6 +194,8 @@ def test_a_tiny_real_sweep_returns_a_well_formed_table():
         assert np.ptp(same_batch["checksum"]) < 1e-2
     # a warm-up per launch, shown and left out; DDP's rebuilt buckets as DDP logged them
     assert sum("warm-up (discarded)" in line for line in lines) == runs
+    repeats = table.attrs["repeats"]  # per launch, the warm-up and the same training timed
+    assert len(repeats) == runs and all(w > 0 and t > 0 for w, t in repeats)
     assert (table.loc[table["world"] > 1, "buckets"] == 2).all()  # bucket_plan's 2 for the MLP
     # the never-communicating runs, one per batch and world size beyond 1, without DDP
     silent = pd.DataFrame(table.attrs["silent"])

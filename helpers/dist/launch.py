@@ -89,7 +89,7 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_if_orphaned, args=(parent_pid,), daemon=True).start()
     torch.set_num_threads(threads)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # for its children: this pool exists already
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
     try:
         timeout = timedelta(seconds=collective_timeout)

@@ -69,7 +69,7 @@ class PublishedPoint:
         return efficiency(self.speedup, self.world)
 
 
-PUBLISHED_LABEL = "published, laptop, UCI HAR, 2 threads/worker"
+PUBLISHED_LABEL = "published (Scaling Model Training with Distributed Computing), laptop"
 PUBLISHED: tuple[PublishedPoint, ...] = (
     PublishedPoint(2, 256, 0.39),
     PublishedPoint(4, 256, 0.54),
@@ -222,7 +222,7 @@ def sweep(
                     data=har.source, untimed_steps=UNTIMED_STEPS)  # fmt: skip
         for p in points.itertuples(index=False)
     ]
-    rows, quiet = [], []
+    rows, quiet, repeats = [], [], []
     for plan in (p for p in plans if p.runs):
         pairs = silent and plan.world_size > 1  # A B A B ...: DDP, then never communicating
         launched = [c for config in configs for c in (config, replace(config, sync="none"))
@@ -234,6 +234,7 @@ def sweep(
                 + (", each DDP training followed by the same never communicating" if pairs else "")
             )
         runs, warm = timed_launch(plan, launched)
+        repeats.append((warm.seconds, runs[0].seconds))  # one training, twice
         if progress is not None:
             progress(warmup_text(warm, runs[0]))
         for k, run in enumerate(runs):
@@ -243,6 +244,7 @@ def sweep(
     table = add_speedup(pd.DataFrame(rows))
     table.attrs["skipped"] = [f"{p.world_size} workers: {p.reason}" for p in plans if not p.runs]
     table.attrs["silent"] = [{"layout": NO_COMMUNICATION, **row} for row in quiet]
+    table.attrs["repeats"] = repeats  # (warm-up, timed) seconds per launch: a noise floor
     table.attrs["data_source"] = har.source
     return table
 

@@ -67,6 +67,7 @@ def draw_baselines(
         if layout == "single device":
             style = {"color": "black", "marker": "s", "ls": "-"}
             label = f"measured, 1 worker x {threads} threads (every core)"
+            label += ", per core" if metric == "efficiency" else ""
         else:
             style = {"color": colours.get(world), "marker": "x", "ls": ":"}
             label = f"measured, {world} workers never communicating"
