@@ -47,6 +47,7 @@ def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("milliseconds from the start of the step (rank 0)")
     fig.suptitle(f"One training step: compute and communication\n{banner}", fontsize=10)
+    fig.tight_layout()  # keeps each panel's title clear of the panel above's tick labels
     return fig
 
 
@@ -99,7 +100,7 @@ def plot_technique_speedups(
             handles += ax.plot(c["global_batch"], c["speedup"], ":", color="black", lw=1.5,
                                label="communication free (the ceiling)")  # fmt: skip
         if goal is not None:
-            label = f"goal: {goal[1]:g}x at {goal[0]}"
+            label = f"goal: {goal[1]:.2f}x at {goal[0]}"
             handles += ax.plot([goal[0]], [goal[1]], "*", color="black", ms=14,
                                markerfacecolor="none", label=label)  # fmt: skip
         handles.append(ax.axhline(1.0, color="grey", lw=1, label="1 worker (break-even)"))
