@@ -233,7 +233,7 @@ def test_plot_technique_speedups_draws_every_variant_and_names_the_data():
     fig = plot_technique_speedups(measured, model, panels, "DATA BANNER", ceiling, goal=(256, 1.5))
     assert len(fig.axes) == 2 and "DATA BANNER" in fig.get_suptitle()
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "a" in labels and "b" not in labels and "goal: 1.5x at 256" in labels
+    assert "a" in labels and "b" not in labels and "goal: 1.50x at 256" in labels
     assert "communication free (the ceiling)" in labels
     assert len(fig.axes[0].get_lines()) >= 2  # a's model line and its measured points
     assert fig.axes[1].get_xscale() == "log"
