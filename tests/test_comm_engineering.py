@@ -233,7 +233,7 @@ def test_plot_technique_speedups_draws_every_variant_and_names_the_data():
     fig = plot_technique_speedups(measured, model, panels, "DATA BANNER", ceiling, goal=(256, 1.5))
     assert len(fig.axes) == 2 and "DATA BANNER" in fig.get_suptitle()
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert "a" in labels and "b" not in labels and "goal: 1.5x at 256" in labels
+    assert "a" in labels and "b" not in labels and "goal: 1.50x at 256" in labels
     assert "communication free (the ceiling)" in labels
     assert len(fig.axes[0].get_lines()) >= 2  # a's model line and its measured points
     assert fig.axes[1].get_xscale() == "log"
@@ -289,3 +289,21 @@ def test_plot_hook_payoff_draws_each_network_and_model_beside_the_bandwidths_and
     labels = [t.get_text() for t in right.get_legend().get_texts()]
     assert labels == ["loopback: 1 GB/s", "slow: 0.125 GB/s", "small", "big"]
     assert right.get_xscale() == "log"
+
+
+def test_overlap_counts_only_communication_inside_the_backward_bars():
+    def table(comm: list[tuple[float, float]]) -> pd.DataFrame:
+        rows = [("compute", "forward", 0.0, 10.0), ("compute", "backward layer 3", 10.0, 20.0),
+                ("compute", "backward layer 2", 30.0, 40.0),
+                ("compute", "backward layer 1", 39.0, 50.0)]  # fmt: skip
+        rows += [("communication", f"bucket {i}", s, e) for i, (s, e) in enumerate(comm)]
+        return pd.DataFrame(rows, columns=["row", "what", "start_ms", "end_ms"])
+
+    # a bucket in the stall between two bars: the next backward waited for it, nothing hidden
+    assert ce.overlap_share(table([(21.0, 29.0)])) == 0.0
+    assert ce.overlap_share(table([(50.0, 60.0)])) == 0.0  # after the last bar
+    # 5 of its 10 ms under layer 3's bar, 5 in the stall
+    assert ce.overlap_share(table([(15.0, 25.0)])) == pytest.approx(0.5)
+    # the bars of layers 2 and 1 overlap by 1 ms: counted once
+    assert ce.overlap_share(table([(35.0, 45.0)])) == pytest.approx(1.0)
+    assert ce.overlap_share(table([(15.0, 25.0), (35.0, 45.0)])) == pytest.approx(0.75)

@@ -87,7 +87,7 @@ def test_powersgd_starts_after_about_a_tenth_of_the_steps():
 
 
 def test_the_figures_draw_every_row_and_name_the_data():
-    from helpers.notebook.comm_plots import plot_hook_costs, plot_knobs
+    from helpers.notebook.comm_plots import knob_spread, plot_hook_costs, plot_knobs
 
     costs = pd.DataFrame(
         {"hook": ["none", "fp16"] * 2, "network": ["loopback"] * 2 + ["1 Gbit/s"] * 2,
@@ -110,3 +110,12 @@ def test_the_figures_draw_every_row_and_name_the_data():
     bars = sorted(p.get_width() for p in fig.axes[0].patches)
     assert bars == [0.8, 1.0]  # one bar per variant: its share of the ceiling
     assert len(fig.axes[1].patches) == 4  # 2 steps x 2 parts, step_ms not stacked
+    # each spread line (slowest to fastest round) brackets its own bar, at the bar's height
+    bars = {p.get_y() + p.get_height() / 2: p.get_width() for p in fig.axes[0].patches}
+    segments = fig.axes[0].collections[0].get_segments()
+    assert len(segments) == 2
+    for (x0, y0), (x1, _) in segments:
+        assert x0 <= bars[y0] <= x1
+    low, high = knob_spread(knobs)
+    assert list(low) == pytest.approx([20 / 21, 20 / 30])
+    assert list(high) == pytest.approx([20 / 19, 20 / 24])

@@ -47,6 +47,7 @@ def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("milliseconds from the start of the step (rank 0)")
     fig.suptitle(f"One training step: compute and communication\n{banner}", fontsize=10)
+    fig.tight_layout()  # keeps each panel's title clear of the panel above's tick labels
     return fig
 
 
@@ -99,7 +100,7 @@ def plot_technique_speedups(
             handles += ax.plot(c["global_batch"], c["speedup"], ":", color="black", lw=1.5,
                                label="communication free (the ceiling)")  # fmt: skip
         if goal is not None:
-            label = f"goal: {goal[1]:g}x at {goal[0]}"
+            label = f"goal: {goal[1]:.2f}x at {goal[0]}"
             handles += ax.plot([goal[0]], [goal[1]], "*", color="black", ms=14,
                                markerfacecolor="none", label=label)  # fmt: skip
         handles.append(ax.axhline(1.0, color="grey", lw=1, label="1 worker (break-even)"))
@@ -123,17 +124,24 @@ def plot_technique_speedups(
     return fig
 
 
+def knob_spread(knobs: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Each variant's share of the ceiling at its slowest and at its fastest round, so that the
+    line drawn beside a bar (its median) shows how far the rounds spread. The silent step is
+    share x step (share = silent / step), the same in every row."""
+    silent = knobs["step_ms"] * knobs["share_of_ceiling"]
+    return silent / knobs["max_ms"], silent / knobs["min_ms"]
+
+
 def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: float) -> Figure:
     """Left: each variant's share of the communication-free ceiling (``knob_table``), its
     rounds' spread as a line, the goal as a dashed line. Right: the profiled steps
     (``profile_table``), milliseconds per step stacked by what the training's thread did."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.8), width_ratios=(3, 2))
     rows = knobs.iloc[::-1]
-    silent_ms = knobs.loc[knobs["share_of_ceiling"].idxmax(), "step_ms"]
     share = rows["share_of_ceiling"]
     left.barh(rows["variant"], share, color=["C2" if s >= goal else "C0" for s in share])
-    silent = knobs["step_ms"] / knobs["share_of_ceiling"]  # the silent step, the same in each row
-    low, high = silent / knobs["max_ms"], silent / knobs["min_ms"]
+    low, high = knob_spread(knobs)
+    silent_ms = float((knobs["step_ms"] * knobs["share_of_ceiling"]).iloc[0])
     left.hlines(knobs["variant"], low, high, color="black", lw=1)
     left.axvline(goal, color="C3", ls="--", lw=1.5, label=f"goal: {goal:.0%} of the ceiling")
     left.xaxis.set_major_formatter(PercentFormatter(1.0))

@@ -40,6 +40,7 @@ from helpers.experiments.comm_engineering.knobs import (
 from helpers.experiments.comm_engineering.step_model import (
     GIGABIT_BETA,
     QUIET_COMPUTE,
+    QUIET_LOAD,
     activation_bytes,
     calibrated_compute,
     communication_free_ceiling,
@@ -87,7 +88,8 @@ __all__ = [
     "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_BETA", "GOAL_SHARE",
     "GRADIENT_BYTES", "HOOK_VARIANTS", "KNOB_ROUNDS", "KNOBS", "NO_COMMUNICATION", "Knob",
     "calibrated_compute", "knob_table",
-    "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "REPEATS", "TIMED_STEPS",
+    "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "QUIET_LOAD", "REPEATS",
+    "TIMED_STEPS",
     "UNTIMED_STEPS",
     "Variant", "activation_bytes", "best_within_tolerance", "bytes_table",
     "collectives_per_bucket", "communication_free_ceiling", "compression_seconds", "deep_mlp",

@@ -8,7 +8,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
 import pandas as pd
 import torch.distributed as dist
 from torch import nn
@@ -105,10 +104,19 @@ def record_timelines(
     }
 
 def overlap_share(table: pd.DataFrame) -> float:
-    """Fraction of the communication time that ran while backward was still computing."""
+    """Fraction of the communication time that ran while a layer's backward was computing: each
+    bucket's interval intersected with the backward bars themselves, so that a stall between two
+    bars (a backward waiting for an all-reduce) counts as no overlap."""
     backward = table[table["what"].str.startswith("backward")]
-    b_start, b_end = backward["start_ms"].min(), backward["end_ms"].max()
+    busy: list[list[float]] = []  # the backward bars' union, as disjoint intervals
+    for s, e in sorted(zip(backward["start_ms"], backward["end_ms"], strict=True)):
+        if busy and s <= busy[-1][1]:
+            busy[-1][1] = max(busy[-1][1], e)
+        else:
+            busy.append([s, e])
     comm = table[table["row"] == "communication"]
-    hidden = (np.minimum(comm["end_ms"], b_end) - np.maximum(comm["start_ms"], b_start)).clip(0)
+    hidden = sum(max(0.0, min(ce, e) - max(cs, s))
+                 for cs, ce in zip(comm["start_ms"], comm["end_ms"], strict=True)
+                 for s, e in busy)  # fmt: skip
     total = (comm["end_ms"] - comm["start_ms"]).sum()
-    return float(hidden.sum() / total) if total > 0 else 0.0
+    return float(hidden / total) if total > 0 else 0.0
