@@ -62,9 +62,11 @@ def plot_time_cost(table: pd.DataFrame, banner: str, target: float, prices_note:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for i, (setup, rows) in enumerate(reached.groupby("setup", sort=False)):
         ax.scatter(rows["seconds"], rows["usd"] * 1e6, s=50, color=f"C{i}", label=setup)
-        for _, row in rows.iterrows():
+        for k, (_, row) in enumerate(rows.iterrows()):  # batches alternate above and below:
+            # two batches of a setup can take the same time and cost, and their labels overlap
             ax.annotate(f"B={row['global_batch']}", (row["seconds"], row["usd"] * 1e6),
-                        textcoords="offset points", xytext=(5, 4), fontsize=8)  # fmt: skip
+                        textcoords="offset points", xytext=(5, 4 if k % 2 == 0 else -11),
+                        fontsize=8)  # fmt: skip
     missing = sorted(set(table["global_batch"]) - set(reached["global_batch"]))
     ax.set_xscale("log")
     ax.set_yscale("log")
