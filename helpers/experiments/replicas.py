@@ -21,6 +21,7 @@ from torch import nn
 
 from helpers.data import ACTIVITIES, HARData
 from helpers.training import (
+    Probe,
     RunResult,
     TrainConfig,
     final_weights,
@@ -96,7 +97,7 @@ def same_training(run: RunResult, reference: RunResult, atol: float = SAME_TRAIN
 
 
 @dataclass
-class GapProbe:
+class GapProbe(Probe):
     """The weight gaps of notebook 03's section 4, step by step, measured inside the workers (a
     ``helpers.training.Probe``: ``run_trainings(..., probe=GapProbe())``). After every step, the
     largest difference between any two replicas: the all-reduced maximum of every weight minus
@@ -115,9 +116,6 @@ class GapProbe:
         """Before a training: forget the previous training's gaps (not the reference's weights)."""
         self.trainings += 1
         self.replica_gaps, self.reference_gaps = [], {}
-
-    def ready(self, model: nn.Module) -> None:
-        pass
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """After step ``step`` (counted from 1): the replicas' gap, and every ``every`` steps the

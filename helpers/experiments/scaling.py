@@ -37,6 +37,7 @@ from helpers.dist.buckets import logged_buckets
 from helpers.dist.comm_model import AlphaBeta, fit_alpha_beta
 from helpers.dist.cores import WorldPlan, default_threads_per_worker, plan_world_sizes
 from helpers.training import (
+    Probe,
     RunResult,
     TrainConfig,
     epochs_for_min_steps,
@@ -128,19 +129,10 @@ def add_speedup(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(speedup=gained, efficiency=efficiency(gained, table["world"]))
 
 
-class StepFacts:
+class StepFacts(Probe):
     """Read inside each worker when its training ends (a ``helpers.training.Probe``): the
     intra-op threads PyTorch ran with, and the buckets DDP logged (``logged_buckets``), so that
     neither is taken from a plan's word."""
-
-    def start(self, rank: int, world_size: int) -> None:
-        pass
-
-    def ready(self, model: nn.Module) -> None:
-        pass
-
-    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        pass
 
     def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         return {"threads": torch.get_num_threads(), "buckets": logged_buckets(model)}

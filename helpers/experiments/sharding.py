@@ -40,6 +40,7 @@ from helpers.experiments.memory import (
     state_bytes,
 )
 from helpers.training import (
+    Probe,
     RunResult,
     TrainConfig,
     final_weights,
@@ -117,7 +118,7 @@ def load_worker(rank: int, world_size: int, config: TrainConfig, path: str) -> d
 
 
 @dataclass
-class ShardingProbe:
+class ShardingProbe(Probe):
     """What a worker measures around ``train_steps`` (pass ``probe=ShardingProbe(...)`` to
     ``run_training``): memory after every step, a budget, one step's collectives, a checkpoint.
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,20 +24,25 @@ from helpers.training.metrics import (
 from helpers.training.wrap import build_model, unwrapped
 
 
-class Probe(Protocol):
+class Probe:
     """Measurements taken inside a worker around the training (``helpers.experiments.sharding``'s
     ``ShardingProbe``): ``start`` before the model is built, ``ready`` once it is built and
     wrapped, ``after_step`` after every step, ``finish`` after the last, whose dict comes back in
-    ``RunResult.probes``."""
+    ``RunResult.probes``. Each does nothing here, so that a probe defines only the moments it
+    measures."""
 
-    def start(self, rank: int, world_size: int) -> None: ...
+    def start(self, rank: int, world_size: int) -> None:
+        pass
 
-    def ready(self, model: nn.Module) -> None: ...
+    def ready(self, model: nn.Module) -> None:
+        pass
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        ...
+        pass
 
-    def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict: ...
+    def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        return {}
+
 
 def train_worker(
     rank: int,
