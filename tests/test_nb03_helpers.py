@@ -192,7 +192,13 @@ def test_the_figures_label_their_axes_and_name_the_data():
     assert left.get_yscale() == right.get_yscale() == "log"
     drawn = [line.get_ydata() for line in left.get_lines()]
     assert list(drawn[0]) == pytest.approx([0.1, 0.2])
-    assert min(drawn[1]) > 0  # the same bits, drawn on the floor: a log scale has no 0
+    # the same bits, drawn on the tick labelled 0 (a log scale has no 0), inside the axis, and
+    # named, since lines that stay there hide one another
+    zero = left.get_yticks()[0]
+    assert left.get_yticklabels()[0].get_text() == "0 (same bits)" and left.get_ylim()[0] < zero
+    assert list(drawn[1]) == [zero, zero] and right.get_lines()[1].get_ydata()[0] == zero
+    for ax in (left, right):
+        assert "different seeds, sync=ddp" in "".join(t.get_text() for t in ax.texts)
     assert any(line.get_ydata()[0] == 2e-3 for line in right.get_lines())  # the tolerance
     plt.close(fig)
 

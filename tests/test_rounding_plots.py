@@ -44,17 +44,27 @@ def test_tensor_gaps_find_the_tensor_that_changed(tmp_path: Path):
     ax = fig.axes[0]
     assert "data: test banner" in ax.get_title() and ax.get_yscale() == "log"
     plotted = np.concatenate([c.get_offsets()[:, 1] for c in ax.collections])
-    assert plotted.max() == pytest.approx(0.25, rel=1e-6) and plotted.min() > 0  # 0: an edge
+    assert plotted.max() == pytest.approx(0.25, rel=1e-6) and plotted.min() > 0
+    # the zeros sit on the tick labelled 0, inside the axis: every tensor of "same" and 5 of
+    # "changed"
+    assert ax.get_yticklabels()[0].get_text() == "0 (same bits)"
+    zero = ax.get_yticks()[0]
+    assert np.count_nonzero(plotted == zero) == 2 * len(names) - 1 and ax.get_ylim()[0] < zero
     plt.close(fig)
 
 
-def test_loss_curves_show_the_difference_and_skip_equal_steps():
+def test_loss_curves_show_the_difference_and_mark_equal_steps_as_zero():
     one = [2.0, 1.5, 1.0, 0.5]
     two = [2.0, 1.5 + 1e-6, 1.0 - 1e-5, 0.5]
     fig = plot_loss_curves({1: one, 2: two}, "data: test banner")
     top, bottom = fig.axes
     assert "data: test banner" in top.get_title() and bottom.get_yscale() == "log"
-    gap = bottom.get_lines()[0]
-    assert list(gap.get_xdata()) == [1, 2]  # steps 0 and 3: the same bits, no point
+    gap, same = bottom.get_lines()[:2]
+    assert list(gap.get_xdata()) == [1, 2]
     assert gap.get_ydata() == pytest.approx([1e-6, 1e-5], rel=1e-6)
+    # steps 0 and 3 have the same bits: drawn, at the tick labelled 0, and counted
+    assert list(same.get_xdata()) == [0, 3] and "(2 steps)" in same.get_label()
+    assert bottom.get_yticklabels()[0].get_text() == "0 (same bits)"
+    assert list(same.get_ydata()) == [bottom.get_yticks()[0]] * 2
+    assert bottom.get_ylim()[0] < bottom.get_yticks()[0] < min(gap.get_ydata())  # on the axis
     plt.close(fig)

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import NullLocator, PercentFormatter
 
 from helpers.dist.comm_model import AlphaBeta
 from helpers.experiments.scaling import (
@@ -150,6 +150,31 @@ def plot_step_model(
     return fig
 
 
+# ------------------------------------------------------ notebooks 03 and 04: zeros on a log scale
+
+
+def zero_floor(values: np.ndarray | list[float], fallback: float) -> float:
+    """Where a log axis draws exact zeros: ten times below the smallest positive value
+    (``fallback`` if none is positive), since a log scale has no 0."""
+    positive = np.asarray(values, dtype=float)
+    positive = positive[positive > 0]
+    return float(positive.min()) / 10 if positive.size else fallback
+
+
+def label_zero_floor(ax: plt.Axes, floor: float) -> None:
+    """Put ``ax`` on a log scale whose bottom tick, at ``floor``, reads "0 (same bits)": the
+    points drawn there are exact zeros, not tiny values. The decades above it keep their
+    labels; minor ticks go, so that none sits between the floor and the first decade."""
+    ax.set_yscale("log")
+    top = ax.get_ylim()[1]
+    decades = [d for d in range(int(np.floor(np.log10(top))), -400, -1) if 10.0**d >= 3 * floor]
+    ticks = [floor, *(10.0**d for d in reversed(decades))]
+    ax.set_yticks(ticks, ["0 (same bits)", *(f"$10^{{{d}}}$" for d in reversed(decades))])
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_ylim(floor / 2, top)
+    ax.axhline(floor, color="grey", ls=":", lw=1)
+
+
 # ----------------------------------------------------------------------- notebook 03: DDP on HAR
 
 
@@ -175,32 +200,39 @@ def plot_mistake_gaps(runs: dict[tuple[str, str], dict], atol: float, banner: st
     keyed by (mistake, sync)), on a log scale: left, the largest difference between the
     replicas after every step; right, the largest difference from the reference's weights every
     few steps, with the tolerance that still calls a run the same training. A gap of 0 (the same
-    bits) is drawn on a dotted floor, since a log scale has no 0."""
+    bits) is drawn on the bottom tick, labelled 0, and the runs that stay there, whose lines
+    would hide one another, are named beside it."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
     values = [v for r in runs.values() for v in [*r["replica_gaps"], *r["reference_gaps"].values()]]
-    positive = [v for v in values if v > 0]
-    floor = min(positive) / 10 if positive else atol / 1e6
+    floor = zero_floor(values, atol / 1e6)
     colours = {mistake: f"C{i}" for i, mistake in enumerate(dict.fromkeys(m for m, _ in runs))}
     styles = {"none": ":", "allreduce": "--", "ddp": "-"}
+    always_zero: dict[plt.Axes, list[str]] = {left: [], right: []}
     for (mistake, sync), report in runs.items():
         style = dict(color=colours[mistake], ls=styles.get(sync, "-."), lw=1.4,
                      label=f"{mistake}, sync={sync}")  # fmt: skip
-        gaps = np.maximum(report["replica_gaps"], floor)
-        left.plot(np.arange(1, len(gaps) + 1), gaps, **style)
+        gaps = np.asarray(report["replica_gaps"], dtype=float)
+        left.plot(np.arange(1, len(gaps) + 1), np.where(gaps > 0, gaps, floor), **style)
         steps = sorted(report["reference_gaps"])
-        right.plot(steps, np.maximum([report["reference_gaps"][s] for s in steps], floor),
-                   marker=".", **style)  # fmt: skip
+        reference = np.array([report["reference_gaps"][s] for s in steps], dtype=float)
+        right.plot(steps, np.where(reference > 0, reference, floor), marker=".", **style)
+        for ax, drawn in ((left, gaps), (right, reference)):
+            if drawn.size and not drawn.any():
+                always_zero[ax].append(f"{mistake}, sync={sync}")
     right.axhline(atol, color="black", ls="-", lw=0.8, label=f"same training: within {atol:g}")
     for ax in (left, right):
-        ax.axhline(floor, color="grey", ls=":", lw=1, label="0: the same bits")
-        ax.set_yscale("log")
+        label_zero_floor(ax, floor)
         ax.set_xlabel("step")
+        if always_zero[ax]:
+            ax.annotate("at 0 at every step:\n" + "\n".join(always_zero[ax]), (0.02, floor),
+                        xycoords=("axes fraction", "data"), xytext=(0, 6),
+                        textcoords="offset points", fontsize=7, va="bottom")
     left.set_ylabel("largest weight difference")
     left.set_title("between the two replicas, after every step", fontsize=10)
     right.set_title("from the reference's weights (any replica)", fontsize=10)
     left.legend(fontsize=7, loc="center right")
     handles, labels = right.get_legend_handles_labels()
-    right.legend(handles[-2:], labels[-2:], fontsize=7, loc="center right")
+    right.legend(handles[-1:], labels[-1:], fontsize=7, loc="center right")
     fig.suptitle(f"Two mistakes x three kinds of sync, weight gaps step by step\n{banner}",
                  fontsize=10)
     fig.tight_layout()
