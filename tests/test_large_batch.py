@@ -227,3 +227,10 @@ def test_a_median_ending_in_a_half_is_printed_as_it_is():
     assert "2/2, 134.5 steps" in format_runs(runs.iloc[:2])
     best = best_per_batch(runs)
     assert "134.5" in format_best(best) and "17,216" in format_best(best)
+
+
+def test_a_grid_rate_not_run_shows_a_dash_and_one_outside_the_grid_a_blank():
+    table = format_runs(fake_runs(), {8: [0.05, 0.1, 0.2], 32: [0.1, 0.2], 128: [0.1]})
+    rows = {line.split()[0]: line for line in table.splitlines()[2:]}
+    assert "lr 0.05" in table and rows["8"].split()[1] == "-"
+    assert "-" not in rows["32"] and "-" not in rows["128"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import pandas as pd
 
 
@@ -11,10 +13,11 @@ def _steps(median: float) -> str:
     return f"{median:.0f}" if median == int(median) else f"{median:.1f}"
 
 
-def format_runs(runs: pd.DataFrame) -> str:
+def format_runs(runs: pd.DataFrame, rates: Mapping[int, Sequence[float]] | None = None) -> str:
     """Batch by rate: the seeds that reached the target, and their steps (median, exact: a
     median of 2 can end in .5); "div": some seed diverged (a loss not finite, or ending above
-    its first); "-": not run (``runs_to_target``'s rules, or not in that batch's grid)."""
+    its first). With ``rates``, each batch's grid: a rate of it not run (``runs_to_target``'s
+    rules skipped it) shows "-", a rate outside it stays blank."""
 
     def cell(at: pd.DataFrame) -> str:
         reached = at[at["reached"]]
@@ -23,7 +26,14 @@ def format_runs(runs: pd.DataFrame) -> str:
         return text + (" div" if at["diverged"].any() else "")
 
     table = runs.groupby(["global_batch", "lr"]).apply(cell, include_groups=False).unstack("lr")
-    table = table.fillna("-")
+    if rates is not None:
+        table = table.reindex(columns=sorted({lr for grid in rates.values() for lr in grid}))
+        table = table.astype(object)
+        for batch in table.index:
+            for lr in rates.get(batch, ()):
+                if pd.isna(table.loc[batch, lr]):
+                    table.loc[batch, lr] = "-"
+    table = table.fillna("")
     table.columns = [f"lr {lr:g}" for lr in table.columns]
     table.index.name = "batch"
     return table.to_string()
