@@ -15,6 +15,7 @@ from helpers.experiments.large_batch import (
     at_best_rate,
     best_per_batch,
     checkpoints,
+    confirmed_by,
     diverged,
     eval_subset,
     fit_steps_samples,
@@ -123,16 +124,42 @@ def test_a_batch_larger_than_the_data_is_refused():
         train_to_target(tiny_data(), 500, 0.1, 0, 0.5, 5, threads=1)
 
 
-def test_a_slow_rate_stops_at_twice_the_steps_the_reaching_runs_took():
+def test_a_slow_rate_stops_once_its_count_could_not_be_under_twice_the_best():
     data = tiny_data()
     probe = train_to_target(data, 50, 0.2, 0, 0.0, 40, threads=1)
     target = probe.losses[12]
     runs = runs_to_target(data, [50], [0.2, 1e-6], [0], target, max_samples=50 * 200, threads=1)
     fast, slow = runs.iloc[0], runs.iloc[1]
     assert fast["reached"] and not slow["reached"]
-    assert slow["steps_run"] == 2 * fast["steps_run"]  # the slack of 2, not the cap of 200 steps
+    # the last checkpoint at or below twice the best count, not the cap of 200 steps
+    assert slow["steps_run"] == max(m for m in checkpoints(200) if m <= 2 * fast["steps"])
     with pytest.raises(ValueError, match="slack"):
         runs_to_target(data, [50], [0.1], [0], 0.5, 1000, slack=1.0)
+
+
+def test_a_capped_run_has_the_evaluations_of_an_uncapped_one_up_to_its_confirmation():
+    # a count of 30 needs 3 evaluations from checkpoint 29 on (29, 32, 35), then 25% more steps
+    assert confirmed_by(30, 1000, evals=3) == 35
+    assert confirmed_by(30, 1000, hold=1.25) == math.ceil(1.25 * 29)
+    assert confirmed_by(30, 33, evals=3) == 33  # never past the cap
+    limit = confirmed_by(30, 1000, evals=3)
+    assert checkpoints(limit) == checkpoints(1000)[: len(checkpoints(limit))]
+
+
+def test_each_batch_runs_its_own_grid_and_skips_rates_below_one_that_lost():
+    data = tiny_data()
+    probe = train_to_target(data, 50, 0.2, 0, 0.0, 40, threads=1)
+    grids = {50: [0.2, 0.02, 0.002], 25: [0.2]}
+    runs = runs_to_target(data, [50, 25], grids, [0], probe.losses[12], 50 * 200, threads=1)
+    ran = runs.groupby("global_batch")["lr"].apply(list).to_dict()
+    # 0.02 lost to 0.2 (missed within twice its steps): 0.002, lower still, is not run
+    assert ran == {25: [0.2], 50: [0.2, 0.02]}
+    assert not runs.set_index("lr").loc[0.02, "reached"].all()
+
+
+def test_rates_above_a_diverged_one_are_not_run():
+    runs = runs_to_target(tiny_data(), [50], [0.1, 1e4, 1e5], [0], 0.0, 50 * 20, threads=1)
+    assert runs["lr"].tolist() == [0.1, 1e4] and runs.iloc[1]["diverged"]
 
 
 def test_a_rate_whose_first_seed_missed_runs_no_other_seed():
@@ -191,3 +218,19 @@ def test_the_noise_scale_along_a_run_pools_the_seeds_before_dividing():
         first["trace"].mean() / first["grad_sq"].mean()
     )
     assert "seeds: from" in format_noise(pooled, along)
+
+
+def test_a_median_ending_in_a_half_is_printed_as_it_is():
+    """Rounded, 134.5 steps would print as 134 beside 17,216 samples (134.5 x 128)."""
+    runs = fake_runs().query("global_batch == 32")
+    runs = runs.assign(global_batch=128, lr=0.1, steps=[109, 160, 109, 160])
+    assert "2/2, 134.5 steps" in format_runs(runs.iloc[:2])
+    best = best_per_batch(runs)
+    assert "134.5" in format_best(best) and "17,216" in format_best(best)
+
+
+def test_a_grid_rate_not_run_shows_a_dash_and_one_outside_the_grid_a_blank():
+    table = format_runs(fake_runs(), {8: [0.05, 0.1, 0.2], 32: [0.1, 0.2], 128: [0.1]})
+    rows = {line.split()[0]: line for line in table.splitlines()[2:]}
+    assert "lr 0.05" in table and rows["8"].split()[1] == "-"
+    assert "-" not in rows["32"] and "-" not in rows["128"]

@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import pandas as pd
 
 
-def format_runs(runs: pd.DataFrame) -> str:
-    """Batch by rate: the seeds that reached the target, and their steps (median); "div": some
-    seed diverged (a loss not finite, or ending above its first)."""
+def _steps(median: float) -> str:
+    """A median step count as it is: whole, or ending in .5 (rounding it would make the printed
+    steps times the batch disagree with the samples printed beside them)."""
+    return f"{median:.0f}" if median == int(median) else f"{median:.1f}"
+
+
+def format_runs(runs: pd.DataFrame, rates: Mapping[int, Sequence[float]] | None = None) -> str:
+    """Batch by rate: the seeds that reached the target, and their steps (median, exact: a
+    median of 2 can end in .5); "div": some seed diverged (a loss not finite, or ending above
+    its first). With ``rates``, each batch's grid: a rate of it not run (``runs_to_target``'s
+    rules skipped it) shows "-", a rate outside it stays blank."""
 
     def cell(at: pd.DataFrame) -> str:
         reached = at[at["reached"]]
         text = f"{len(reached)}/{len(at)}"
-        text += f", {reached['steps'].median():.0f} steps" if len(reached) else ""
+        text += f", {_steps(reached['steps'].median())} steps" if len(reached) else ""
         return text + (" div" if at["diverged"].any() else "")
 
     table = runs.groupby(["global_batch", "lr"]).apply(cell, include_groups=False).unstack("lr")
+    if rates is not None:
+        table = table.reindex(columns=sorted({lr for grid in rates.values() for lr in grid}))
+        table = table.astype(object)
+        for batch in table.index:
+            for lr in rates.get(batch, ()):
+                if pd.isna(table.loc[batch, lr]):
+                    table.loc[batch, lr] = "-"
+    table = table.fillna("")
     table.columns = [f"lr {lr:g}" for lr in table.columns]
     table.index.name = "batch"
     return table.to_string()
@@ -25,7 +43,7 @@ def format_best(best: pd.DataFrame) -> str:
     """Per batch, the best rate and the median steps and samples to the target."""
     shown = best.assign(
         best_lr=[f"{v:g}" for v in best["best_lr"]],
-        steps=[f"{v:.0f}" for v in best["steps"]],
+        steps=[_steps(v) for v in best["steps"]],
         samples=[f"{v:,.0f}" for v in best["samples"]],
     )
     return shown.rename(columns={"global_batch": "batch", "best_lr": "best lr"}).to_string(

@@ -18,9 +18,10 @@ One process trains: N workers at global batch B take the same steps (notebooks 0
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -173,10 +174,9 @@ def train_to_target(
             if step + 1 == marks[len(done)]:
                 done.append(step + 1)
                 losses.append(eval_loss(model, X_eval, y_eval))
-                if not math.isfinite(losses[-1]):
-                    break
-                if stays_below(done, losses, target, hold, evals) is not None:
-                    break
+                held = stays_below(done, losses, target, hold, evals) is not None
+                if held or not math.isfinite(losses[-1]):
+                    break  # the count held, or the loss is not finite
     counted = stays_below(done, losses, target, hold, evals)  # None after a non-finite loss
     steps = done[-1] if counted is None else counted
     return TargetRun(
@@ -198,10 +198,21 @@ def train_to_target(
     )
 
 
+def confirmed_by(count: int, max_steps: int, hold: float = 1.0, evals: int = 1) -> int:
+    """The step by which a run stopped at ``max_steps`` would have confirmed a count of at most
+    ``count`` steps: ``evals - 1`` checkpoints after the last one at or below ``count``, and
+    at least ``hold`` times that one (``stays_below``). A run capped there has the same
+    evaluations up to it as one capped at ``max_steps``."""
+    marks = checkpoints(max_steps)
+    last = max(0, bisect.bisect_right(marks, count) - 1)
+    return min(max_steps, max(marks[min(len(marks) - 1, last + evals - 1)],
+                              math.ceil(hold * marks[last])))  # fmt: skip
+
+
 def runs_to_target(
     data: HARData,
     batches: Sequence[int],
-    lrs: Sequence[float],
+    lrs: Sequence[float] | Mapping[int, Sequence[float]],
     seeds: Sequence[int],
     target: float,
     max_samples: int,
@@ -211,25 +222,45 @@ def runs_to_target(
     evals: int = 1,
 ) -> pd.DataFrame:
     """Every (batch, rate, seed), each run stopped at the target or at ``max_samples`` samples.
-    Once some runs at a batch have reached the target, a later run there also stops after
-    ``slack`` times the most steps any of them trained: a rate that slow cannot be the batch's
-    best, and the runs it would waste are the costliest. For the same reason a rate's other seeds
-    are not run once one of its seeds missed the target: the best rate needs every seed there
-    (``best_per_batch``). ``hold``, ``evals``: as in ``train_to_target``. One row per run
-    (``TargetRun``)."""
+    ``lrs``: the rates, in the order run, the same at every batch or a batch's own grid
+    (``{batch: rates}``). Three rules spare runs that cannot give a batch's best rate:
+
+    * once a rate has brought every seed to the target, a later run stops once its count could
+      no longer be under ``slack`` times the fewest median steps so far (``confirmed_by``): with
+      2 seeds the median is their mean, so a seed over twice the best median cannot make its
+      rate the best (``slack = 2``; with more seeds, slack is a judgement);
+    * a rate's other seeds are not run once one seed missed the target: the best rate needs
+      every seed there (``best_per_batch``);
+    * a rate is skipped below a lower rate than the best that lost to it (plain SGD at a rate
+      smaller still only takes more steps), or above a rate where a seed diverged.
+
+    ``hold``, ``evals``: as in ``train_to_target``. One row per run (``TargetRun``)."""
     if slack <= 1:
         raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
     rows = []
     for batch in batches:
-        cap, reached = max(1, max_samples // batch), []
-        for lr in lrs:
+        grid = lrs[batch] if isinstance(lrs, Mapping) else lrs
+        cap, medians, diverging = max(1, max_samples // batch), {}, []
+        for lr in grid:
+            best = min(medians.values(), default=math.inf)
+            best_lr = min((r for r in medians if medians[r] == best), default=math.inf)
+            if any(lr < r < best_lr and medians[r] > best for r in medians) or any(
+                r < lr for r in diverging
+            ):
+                continue
+            counts = []
             for seed in seeds:
-                limit = min(cap, math.ceil(slack * max(reached))) if reached else cap
+                limit = cap
+                if math.isfinite(best):
+                    limit = confirmed_by(math.floor(slack * best), cap, hold, evals)
                 run = train_to_target(
                     data, batch, lr, seed, target, limit, threads=threads, hold=hold, evals=evals
                 )
                 rows.append(run.__dict__)
+                diverging += [lr] if run.diverged else []
                 if not run.reached:
                     break  # this rate cannot be the best: its other seeds would be wasted
-                reached.append(run.steps_run)
+                counts.append(run.steps)
+            reached = len(counts) == len(seeds)
+            medians[lr] = float(pd.Series(counts).median()) if reached else math.inf
     return pd.DataFrame(rows)
