@@ -45,6 +45,15 @@ def test_bucket_plan_is_the_buckets_ddp_builds(ddp_facts):
     assert len(bk.bucket_plan(make_mlp(), 25)) == 1
 
 
+def test_ddp_bucket_record_is_what_ddp_logs_for_any_widths():
+    # the reference MLP's widths: DDP's record matches the plan at every cap (the ReLUs hold no
+    # parameters), on every rank
+    record = launch(bk.ddp_bucket_record, 2, [561, 1024, 1024, 6], CAPS)
+    for cap in CAPS:
+        plan = [b.nbytes for b in bk.bucket_plan(make_mlp(), cap)]
+        assert [rank[str(cap)] for rank in record] == [plan, plan], cap
+
+
 def test_no_sync_all_reduces_once_per_step_without_it_once_per_micro_batch(ddp_facts):
     # DDP's first backward all-reduces a single bucket; it rebuilds its buckets (2) after it
     buckets = len(bk.bucket_plan(make_mlp()))

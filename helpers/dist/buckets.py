@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -79,6 +80,26 @@ def logged_buckets(model: nn.Module) -> list[int]:
         return []
     sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
     return [int(size) for size in sizes.split(",") if size.strip()]
+
+
+def ddp_bucket_record(
+    rank: int, world_size: int, widths: Sequence[int], caps: Sequence[float | None]
+) -> dict[str, list[int]]:
+    """Inside a worker of ``helpers.dist.launch``: for each cap, an MLP of these layer ``widths``
+    in DDP with ``bucket_cap_mb=cap``, three forward and backward passes on 2 random samples (DDP
+    rebuilds its buckets at the second and logs them at the third), and the buckets DDP logged
+    (``logged_buckets``): DDP's own record, for any model size, to check a plan or a model
+    against. Keyed by ``str(cap)``."""
+    record = {}
+    for cap in caps:
+        torch.manual_seed(0)
+        layers = [nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False)]
+        model = DDP(nn.Sequential(*layers), bucket_cap_mb=cap)
+        for _ in range(3):
+            model(torch.randn(2, widths[0])).square().mean().backward()
+        record[str(cap)] = logged_buckets(model)
+        del model, layers  # one model's parameters, gradients and buckets at a time
+    return record
 
 
 def bucket_table(buckets: Sequence[Bucket]) -> pd.DataFrame:
