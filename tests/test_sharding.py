@@ -109,6 +109,8 @@ def test_the_probe_splits_the_rss_growth_by_part_and_counts_the_imports(ddp_run)
         # the parts run from the baseline to the later steps' peak, at most the whole peak's
         assert sum(parts.values()) <= probe["peak_growth"]
         assert list(probe["modules_imported"]) == list(parts)
+        # the steps' spread brackets their median, from the probe's own clock
+        assert 0 < probe["step_q1_seconds"] <= probe["step_seconds"] <= probe["step_q3_seconds"]
 
 
 def test_traffic_by_kind_splits_the_tables_total_and_the_figures_name_their_data(

@@ -8,7 +8,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from fakes import run_result  # noqa: E402
 
-from helpers.experiments.sharding import traffic_table  # noqa: E402
+from helpers.experiments.sharding import (  # noqa: E402
+    _step_quartiles,
+    step_ranking,
+    traffic_table,
+)
 from helpers.notebook.sharding_plots import (  # noqa: E402
     plot_step_against_collectives,
     plot_wire_bytes,
@@ -17,7 +21,8 @@ from helpers.training.runs import RunResult  # noqa: E402
 
 
 def _run(sync: str, calls: list[tuple[str, int]], step_s: float, replay_s: float) -> RunResult:
-    probe = {"calls": calls, "step_seconds": step_s, "replay_seconds": replay_s}
+    probe = {"calls": calls, "step_seconds": step_s, "step_q1_seconds": step_s - 0.005,
+             "step_q3_seconds": step_s + 0.010, "replay_seconds": replay_s}
     return run_result(sync=sync, probes=[probe])
 
 
@@ -73,6 +78,29 @@ def test_the_step_figure_draws_each_runs_step_and_collectives_with_their_calls()
     assert "6 all-gathers" in bottom and "3 reduce-scatters" in bottom
     assert "all-reduce" not in bottom
     assert "test data" in ax.get_title()
+    # each step bar's whisker spans its quartiles: 5 ms below the median, 10 above
+    (whiskers,) = [c for c in ax.collections if len(c.get_segments()) == 2]
+    spans = sorted((min(x for x, _ in s), max(x for x, _ in s)) for s in whiskers.get_segments())
+    np.testing.assert_allclose(spans, [(114.0, 129.0), (115.0, 130.0)])
+
+
+def test_the_step_quartiles_leave_out_the_first_step_and_bracket_the_median():
+    times = [0.0, 5.0, 6.0, 7.0, 8.0, 9.5, 11.0]  # the first step took 5 s: left out
+    quartiles = _step_quartiles(times)
+    assert quartiles["step_seconds"] == 1.0
+    assert quartiles["step_q1_seconds"] == 1.0 and quartiles["step_q3_seconds"] == 1.5
+    assert _step_quartiles([0.0, 1.0])["step_seconds"] is None  # one step: nothing to time
+
+
+def test_steps_rank_only_where_their_middle_halves_do_not_overlap():
+    megabyte = 1_000_000
+    calls = [("all-reduce", megabyte)]
+    close = traffic_table([_run("ddp", calls, 0.120, 0.01), _run("fsdp2", calls, 0.125, 0.01)])
+    (line,) = step_ranking(close)  # 115-130 against 120-135 ms: they overlap
+    assert line.startswith("DDP, 2 workers and FSDP2, 2 workers tie")
+    apart = traffic_table([_run("ddp", calls, 0.150, 0.01), _run("fsdp2", calls, 0.120, 0.01)])
+    (line,) = step_ranking(apart)  # 145-160 against 115-130 ms
+    assert line.startswith("FSDP2, 2 workers faster than DDP, 2 workers")
 
 
 def test_replay_by_kind_sums_each_kinds_calls_and_refuses_a_run_not_replayed():

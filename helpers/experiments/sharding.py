@@ -223,7 +223,7 @@ class ShardingProbe(Probe):
                                          (b - a for a, b in pairwise(self.modules)),
                                          strict=False)),  # fmt: skip
             "exact_peak": self.exact_peak,
-            "step_seconds": _step_seconds(self.step_times),
+            **_step_quartiles(self.step_times),
             "calls": list(self.calls),
             "replay_seconds": None,
             "replay_call_seconds": None,
@@ -250,10 +250,18 @@ def _growth_by_part(probe: ShardingProbe) -> dict[str, int | None]:
     }
 
 
-def _step_seconds(times: list[float]) -> float | None:
-    """Median seconds per step, leaving out the first (allocations, DDP's bucket rebuild)."""
+def _step_quartiles(times: list[float]) -> dict[str, float | None]:
+    """The median seconds per step and its spread, the quartiles (the middle half of the steps),
+    leaving out the first (allocations, DDP's bucket rebuild). Quartiles, not the extremes: one
+    step of every run is the counted one, slowed by the counter, and a loaded machine stalls a
+    step now and then; a median alone would hide how much the steps move."""
     durations = [b - a for a, b in zip(times, times[1:], strict=False)][1:]
-    return statistics.median(durations) if durations else None
+    if not durations:
+        return {"step_seconds": None, "step_q1_seconds": None, "step_q3_seconds": None}
+    q1, _, q3 = (statistics.quantiles(durations, n=4, method="inclusive")
+                 if len(durations) > 1 else durations * 3)  # fmt: skip
+    return {"step_seconds": statistics.median(durations), "step_q1_seconds": q1,
+            "step_q3_seconds": q3}  # fmt: skip
 
 
 def label(run: RunResult) -> str:
@@ -290,8 +298,8 @@ def memory_table(runs: list[RunResult]) -> pd.DataFrame:
 
 def traffic_table(runs: list[RunResult]) -> pd.DataFrame:
     """Per run, one step's collectives as counted: calls of each kind, the MB each worker sends
-    on a ring, its ratio to the first run's, and the seconds a step and its collectives alone
-    took (rank 0, medians)."""
+    on a ring, its ratio to the first run's, and the milliseconds a step and its collectives alone
+    took (rank 0, medians), with the step's quartiles, its spread across steps."""
     rows = []
     for run in runs:
         probe = run.probes[0]
@@ -302,6 +310,8 @@ def traffic_table(runs: list[RunResult]) -> pd.DataFrame:
                 **{f"{kind} calls": traffic.get(kind, {}).get("calls", 0) for kind in COUNTED},
                 "sent per worker MB": sum(t["wire_bytes"] for t in traffic.values()) / MB,
                 "step ms": 1e3 * probe["step_seconds"],
+                "step q1 ms": 1e3 * probe["step_q1_seconds"],
+                "step q3 ms": 1e3 * probe["step_q3_seconds"],
                 "collectives alone ms": 1e3 * (probe["replay_seconds"] or 0.0),
             }
         )
@@ -309,6 +319,25 @@ def traffic_table(runs: list[RunResult]) -> pd.DataFrame:
     sent = table["sent per worker MB"]
     table.insert(len(COUNTED) + 1, "x first", sent / sent.iloc[0])
     return table
+
+
+def step_ranking(table: pd.DataFrame) -> list[str]:
+    """Every pair of ``traffic_table``'s runs, ranked by their step times only where the middle
+    halves of their steps (the quartiles) do not overlap; where they overlap, a tie: a gap inside
+    the steps' own spread says nothing about which wrapping is faster."""
+    rows = list(table.iterrows())
+    lines = []
+    for i, (a, ra) in enumerate(rows):
+        for b, rb in rows[i + 1 :]:
+            if ra["step q3 ms"] < rb["step q1 ms"] or rb["step q3 ms"] < ra["step q1 ms"]:
+                (fast, fr), (slow, sr) = sorted([(a, ra), (b, rb)], key=lambda r: r[1]["step ms"])
+                lines.append(f"{fast} faster than {slow}: {fr['step ms']:.1f} ms against "
+                             f"{sr['step ms']:.1f}, middle halves apart")  # fmt: skip
+            else:
+                lines.append(f"{a} and {b} tie: their middle halves overlap "
+                             f"({ra['step q1 ms']:.1f}-{ra['step q3 ms']:.1f} and "
+                             f"{rb['step q1 ms']:.1f}-{rb['step q3 ms']:.1f} ms)")  # fmt: skip
+    return lines
 
 
 def replay_by_kind(runs: list[RunResult]) -> pd.DataFrame:

@@ -49,21 +49,25 @@ def _calls(row: pd.Series) -> str:
 def plot_step_against_collectives(table: pd.DataFrame, banner: str) -> Figure:
     """Per run, a training step's time beside its collectives replayed alone (both medians,
     rank 0), each run labelled with the collectives it issued: where the two bars are far apart,
-    the step's time is compute, and sending more bytes costs little. ``table`` from
-    ``helpers.experiments.sharding.traffic_table`` (``step ms``, ``collectives alone ms`` and
-    the calls of each kind)."""
+    the step's time is compute, and sending more bytes costs little. A whisker on each step bar
+    spans its quartiles, the middle half of the steps: two runs whose whiskers overlap tie.
+    ``table`` from ``helpers.experiments.sharding.traffic_table`` (``step ms``, its quartiles
+    ``step q1 ms`` and ``step q3 ms``, ``collectives alone ms`` and the calls of each kind)."""
     y = list(range(len(table)))[::-1]  # the first run on top
     fig, ax = plt.subplots(figsize=(8.0, 1.1 * len(table) + 1.4))
-    ax.barh([p + 0.18 for p in y], table["step ms"], 0.36, color="0.6", label="training step")
+    spread = [table["step ms"] - table["step q1 ms"], table["step q3 ms"] - table["step ms"]]
+    ax.barh([p + 0.18 for p in y], table["step ms"], 0.36, color="0.6", xerr=spread, capsize=4,
+            label="training step (whisker: middle half of the steps)")  # fmt: skip
     ax.barh([p - 0.18 for p in y], table["collectives alone ms"], 0.36, color="C3",
             label="its collectives alone (replayed)")  # fmt: skip
     for p, (_, row) in zip(y, table.iterrows(), strict=True):
-        for column, offset in (("step ms", 0.18), ("collectives alone ms", -0.18)):
-            ax.annotate(f"{row[column]:.0f} ms", (row[column], p + offset), xytext=(3, 0),
+        for column, end, offset in (("step ms", "step q3 ms", 0.18),
+                                    ("collectives alone ms", "collectives alone ms", -0.18)):
+            ax.annotate(f"{row[column]:.0f} ms", (row[end], p + offset), xytext=(6, 0),
                         textcoords="offset points", va="center", fontsize=8)  # fmt: skip
     ax.set_yticks(y, [f"{run}\n{_calls(row)}" for run, row in table.iterrows()], fontsize=8)
-    ax.set_xlabel("milliseconds (medians, rank 0)")
-    ax.set_xlim(0, 1.2 * table[["step ms", "collectives alone ms"]].to_numpy().max())
+    ax.set_xlabel("milliseconds (medians, rank 0; whiskers: quartiles across steps)")
+    ax.set_xlim(0, 1.25 * table[["step q3 ms", "collectives alone ms"]].to_numpy().max())
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(f"A step's time against its collectives' alone\n{banner}", fontsize=10)
