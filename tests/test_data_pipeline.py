@@ -254,6 +254,7 @@ def test_tie_bands_are_each_batchs_largest_repeat_move_and_at_least_the_floor():
     # by hand: 0.2 of the slower 1.2 at 64 (the larger of its two layouts); 0.1 / 5 = 2% at 4096,
     # under the 5% floor
     np.testing.assert_allclose(bands.loc[[64, 4096]], [0.2 / 1.2, 0.05])
+    pd.testing.assert_series_equal(tie_bands(pd.DataFrame(twice)), bands)  # a frame of them too
     with pytest.raises(ValueError, match="repeat=True"):
         tie_bands([])
 

@@ -130,11 +130,11 @@ TIE = 0.05  # closer speed-ups are a tie: an assumed floor under the measured no
 # runs (``tie_bands``, from trainings timed twice), for when two times happen to come out close
 
 
-def tie_bands(twice: Sequence[dict], floor: float = TIE) -> pd.Series:
+def tie_bands(twice: Sequence[dict] | pd.DataFrame, floor: float = TIE) -> pd.Series:
     """Per global batch, the tie band: the most that one training timed twice in a row moved
     there (over every layout; a share of the slower time), and at least ``floor``. A gap inside it
     cannot tell two layouts apart from one run each."""
-    both = pd.DataFrame(list(twice))
+    both = pd.DataFrame(twice)  # records (``attrs["twice"]``) or a frame of them
     if both.empty:
         raise ValueError("no training timed twice: run the sweep and baselines with repeat=True")
     moved = (both["first"] - both["second"]).abs() / both[["first", "second"]].max(axis=1)
