@@ -26,6 +26,7 @@ from helpers.experiments.single_device import (
     ceiling_plan,
     single_device_plan,
     speedup_text,
+    tie_bands,
 )
 from helpers.training import (
     TrainConfig,
@@ -223,6 +224,10 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     assert "one worker on every core faster" in close
     assert "never communicating 1.73x, tied with the threads (within 5%)" in close
     assert "because" not in text + tied + close  # no cause the runs did not measure
+    # a band per batch: the 1.23x against 1.25x above is no tie where that batch's band is 1%
+    strict = speedup_text(sweep, baselines.assign(seconds=[3.25, 2.2]), pd.Series({256: 0.01}))
+    assert "DDP faster" in strict and "a tie" not in strict
+
     # a wider tie (a repeat's spread): 1.18x against 1.25x, 6% apart, a tie at 10% only
     wide = baselines.assign(seconds=[3.4, 2.2])
     assert "a tie" not in speedup_text(sweep, wide)
@@ -237,6 +242,21 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
 
 
 # --------------------------------------------------------------------------- the figures
+
+
+def test_tie_bands_are_each_batchs_largest_repeat_move_and_at_least_the_floor():
+    twice = [
+        {"layout": "DDP", "world": 2, "global_batch": 64, "first": 1.0, "second": 1.2},
+        {"layout": "single device", "world": 1, "global_batch": 64, "first": 0.9, "second": 0.9},
+        {"layout": "DDP", "world": 2, "global_batch": 4096, "first": 5.0, "second": 4.9},
+    ]  # fmt: skip
+    bands = tie_bands(twice)
+    # by hand: 0.2 of the slower 1.2 at 64 (the larger of its two layouts); 0.1 / 5 = 2% at 4096,
+    # under the 5% floor
+    np.testing.assert_allclose(bands.loc[[64, 4096]], [0.2 / 1.2, 0.05])
+    pd.testing.assert_series_equal(tie_bands(pd.DataFrame(twice)), bands)  # a frame of them too
+    with pytest.raises(ValueError, match="repeat=True"):
+        tie_bands([])
 
 
 def _record(

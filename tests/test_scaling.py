@@ -180,7 +180,7 @@ def test_sweep_needs_the_one_worker_baseline():
 def test_a_tiny_real_sweep_returns_a_well_formed_table():
     lines = []
     table = sweep([2048, 4096], world_sizes=[1, 2, 4], min_steps=1, threads=1, data="standin",
-                  silent=True, progress=lines.append)  # fmt: skip
+                  silent=True, progress=lines.append, repeat=True)  # fmt: skip
     runs = 2 if available_cores() < 4 else 3
     assert len(table) == 2 * runs
     assert table["world"].tolist()[:runs] == [1, 2, 4][:runs]
@@ -201,6 +201,10 @@ def test_a_tiny_real_sweep_returns_a_well_formed_table():
     silent = pd.DataFrame(table.attrs["silent"])
     assert len(silent) == 2 * (runs - 1) and (silent["layout"] == "no communication").all()
     assert (silent["buckets"] == 0).all() and not silent["replicas_identical"].any()
+    # repeat: every training, DDP's and the silent ones, timed a second time right after
+    twice = pd.DataFrame(table.attrs["twice"])
+    assert len(twice) == len(table) + len(silent) and (twice[["first", "second"]] > 0).all().all()
+    assert sorted(twice.loc[twice["layout"] == "DDP", "first"]) == sorted(table["seconds"])
 
 
 def test_the_tables_to_read_put_measured_and_model_side_by_side():

@@ -19,6 +19,7 @@ from helpers.dist.wakeups import (
     probe_wakeups,
     steal_seconds,
     stopped_spinner,
+    wait_threshold,
 )
 
 
@@ -30,6 +31,11 @@ def test_kernel_hz_reads_a_build_configuration(tmp_path: Path):
     assert kernel_hz([plain]) == 300
     assert kernel_hz([tmp_path / "missing", packed]) == 250  # the first readable one
     assert kernel_hz([tmp_path / "missing"]) is None
+
+
+def test_a_wait_is_half_a_tick_or_2_ms_where_the_tick_is_unknown():
+    assert wait_threshold(250) == 2e-3 and wait_threshold(1000) == 5e-4
+    assert wait_threshold(None) == wait_threshold(250)  # the commonest tick stands in
 
 
 def test_steal_is_the_eighth_number_of_the_cpu_line(tmp_path: Path):

@@ -195,13 +195,20 @@ def stopped_spinner() -> Iterator[int]:
         spinner.wait()
 
 
+def wait_threshold(hz: int | None) -> float:
+    """Seconds of delay that mark a call as having waited for a core: half a timer tick, since a
+    wake-up that waits for the scheduler's tick loses up to a whole one, and the message's own
+    costs have no step of that size; 2 ms (half of ``HZ = 250``'s tick) where ``HZ`` is unknown."""
+    return 0.5 / hz if hz else 2e-3
+
+
 def probe_wakeups(nbytes: int = 65536, calls: int = 120, block: int = 10) -> pd.DataFrame:
     """Time ``calls`` all-reduces of ``nbytes`` between 2 workers in each of ``CONDITIONS``,
     interleaved in blocks of ``block`` calls (``probe_worker``).
 
     One row per condition: quartiles of the call times (ms), the share of calls slower than
-    half a timer tick (or 2 ms where ``HZ`` is unknown), and per call and worker the context
-    switches, voluntary and involuntary, summed over the worker's threads. ``attrs`` adds the
+    ``wait_threshold`` (half a timer tick), and per call and worker the context switches,
+    voluntary and involuntary, summed over the worker's threads. ``attrs`` adds the
     steal time over the probe (``steal_s``, summed over the CPUs; ``None`` where unreadable), the
     probe's wall time (``seconds``) and the number of CPUs (``cpus``)."""
     if calls < 4 or nbytes < 4 or block < 1:
@@ -209,7 +216,7 @@ def probe_wakeups(nbytes: int = 65536, calls: int = 120, block: int = 10) -> pd.
             f"need calls >= 4, nbytes >= 4 and block >= 1, got {calls}, {nbytes} and {block}"
         )
     hz = kernel_hz()
-    slow = 0.5 / hz if hz else 2e-3
+    slow = wait_threshold(hz)
     with stopped_spinner() as pid:
         results = launch(probe_worker, 2, nbytes, calls, pid, block)
     ranks = [r["rows"] for r in results]

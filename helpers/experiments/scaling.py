@@ -170,6 +170,12 @@ def run_row(run: RunResult, timed_steps: int) -> dict:
     }
 
 
+def twice_record(layout: str, first: RunResult, second: RunResult) -> dict:
+    """One training timed twice in a row: its layout, world size, batch and both times."""
+    return {"layout": layout, "world": first.world, "global_batch": first.global_batch,
+            "first": first.seconds, "second": second.seconds}  # fmt: skip
+
+
 def warmup_text(warm: RunResult, timed: RunResult) -> str:
     """The discarded warm-up beside the same training timed after it."""
     return (f"  warm-up (discarded): global batch {warm.global_batch} took {warm.seconds:.2f} s, "
@@ -186,6 +192,7 @@ def sweep(
     lr: float = 0.05,
     silent: bool = False,
     progress: Callable[[str], None] | None = None,
+    repeat: bool = False,
 ) -> pd.DataFrame:
     """Time the training for every global batch and every world size that fits the cores.
 
@@ -196,6 +203,9 @@ def sweep(
     than one worker is followed in the same launch by the same training never communicating
     (sync="none"), alternating, so that drift in the machine's load falls on both alike; their
     rows, laid out as ``single_device.baseline_runs``'s, are in ``result.attrs["silent"]``.
+    With ``repeat``, each training (each pair with ``silent``) runs twice in a row: the rows are
+    the first's, and ``result.attrs["twice"]`` holds both times of each, the noise of a single
+    run at every batch (``twice_record``).
     World size 1 (the baseline) is required. World sizes that would oversubscribe the cores are
     skipped, their reasons in ``result.attrs["skipped"]``. ``progress``, if given, is called
     with a few lines per launch.
@@ -214,10 +224,12 @@ def sweep(
                     data=har.source, untimed_steps=UNTIMED_STEPS)  # fmt: skip
         for p in points.itertuples(index=False)
     ]
-    rows, quiet, repeats = [], [], []
+    rows, quiet, repeats, twice = [], [], [], []
     for plan in (p for p in plans if p.runs):
         pairs = silent and plan.world_size > 1  # A B A B ...: DDP, then never communicating
-        launched = [c for config in configs for c in (config, replace(config, sync="none"))
+        kinds, copies = (2 if pairs else 1), (2 if repeat else 1)
+        launched = [c for config in configs for _ in range(copies)
+                    for c in (config, replace(config, sync="none"))
                     if pairs or c.sync != "none"]  # fmt: skip
         if progress is not None:
             progress(
@@ -230,13 +242,19 @@ def sweep(
         if progress is not None:
             progress(warmup_text(warm, runs[0]))
         for k, run in enumerate(runs):
-            row = run_row(run, points["timed_steps"].iloc[k // (2 if pairs else 1)])
+            point, copy = divmod(k, kinds * copies)
+            if copy >= kinds:  # the second time: only its spread is kept
+                layout = "DDP" if run.sync != "none" else NO_COMMUNICATION
+                twice.append(twice_record(layout, runs[k - kinds], run))
+                continue
+            row = run_row(run, points["timed_steps"].iloc[point])
             (rows if run.sync != "none" else quiet).append(row)
     rows.sort(key=lambda r: (r["global_batch"], r["world"]))
     table = add_speedup(pd.DataFrame(rows))
     table.attrs["skipped"] = [f"{p.world_size} workers: {p.reason}" for p in plans if not p.runs]
     table.attrs["silent"] = [{"layout": NO_COMMUNICATION, **row} for row in quiet]
-    table.attrs["repeats"] = repeats  # (warm-up, timed) seconds per launch: a noise floor
+    table.attrs["repeats"] = repeats  # (warm-up, timed) seconds per launch
+    table.attrs["twice"] = twice  # with repeat: each training's two times, batch by batch
     table.attrs["data_source"] = har.source
     return table
 

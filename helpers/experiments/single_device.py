@@ -31,6 +31,7 @@ from helpers.experiments.scaling import (
     budget,
     run_row,
     timed_launch,
+    twice_record,
     warmup_text,
 )
 from helpers.training import TrainConfig
@@ -64,6 +65,7 @@ def baseline_runs(
     cores: int | None = None,
     ceiling: bool = True,
     progress: Callable[[str], None] | None = None,
+    repeat: bool = False,
 ) -> pd.DataFrame:
     """Time the single device (one worker, every core) at every global batch, with the sweep's
     ``budget`` (the same steps, ``UNTIMED_STEPS`` off the clock), all batches in one launch so
@@ -71,7 +73,8 @@ def baseline_runs(
     the same for the ``ceiling_plan``'s workers, never communicating (``scaling.sweep``'s
     ``silent`` interleaves those with DDP's instead). Returns one row per run: layout ("single
     device" or "no communication") and ``scaling.run_row``'s columns, threads_used the fewest
-    intra-op threads a worker reported running with. Speed-ups come from ``add_baselines``,
+    intra-op threads a worker reported running with. With ``repeat``, each training runs twice
+    in a row, as ``scaling.sweep``'s (``attrs["twice"]``). Speed-ups come from ``add_baselines``,
     against the sweep's."""
     har = load_har(data)
     points = budget(global_batches, len(har.X_train), min_steps)
@@ -86,22 +89,25 @@ def baseline_runs(
     plans = [(SINGLE_DEVICE, single_device_plan(cores), "ddp")]
     if ceiling and (plan := ceiling_plan(cores)) is not None:
         plans.append((NO_COMMUNICATION, plan, "none"))
-    rows, repeats = [], []
+    rows, repeats, twice = [], [], []
+    copies = 2 if repeat else 1
     for layout, plan, sync in plans:
         if progress is not None:
             progress(
                 f"{layout}: {plan.world_size} worker(s) x {plan.threads_per_worker} thread(s), "
                 f"global batches {', '.join(str(b) for b in points['global_batch'])}"
             )
-        runs, warm = timed_launch(plan, configs(sync))
+        runs, warm = timed_launch(plan, [c for c in configs(sync) for _ in range(copies)])
         repeats.append((warm.seconds, runs[0].seconds))  # one training, twice
         if progress is not None:
             progress(warmup_text(warm, runs[0]))
-        for run, timed_steps in zip(runs, points["timed_steps"], strict=True):
+        for run, timed_steps in zip(runs[::copies], points["timed_steps"], strict=True):
             rows.append({"layout": layout, **run_row(run, timed_steps)})
+        twice += [twice_record(layout, *runs[k : k + 2]) for k in range(0, len(runs), 2) if repeat]
     table = pd.DataFrame(rows)
     table.attrs["data_source"] = har.source
     table.attrs["repeats"] = repeats  # (warm-up, timed) seconds per launch
+    table.attrs["twice"] = twice  # with repeat: each training's two times
     return table
 
 
@@ -120,17 +126,33 @@ def add_baselines(table: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
     return baselines.assign(speedup=gained, efficiency=gained / times)
 
 
-TIE = 0.05  # closer speed-ups are a tie: an assumed noise floor of single runs, not measured;
-# raise it under load (notebook 05 prints the spread of repeated trainings, and passes it)
+TIE = 0.05  # closer speed-ups are a tie: an assumed floor under the measured noise of single
+# runs (``tie_bands``, from trainings timed twice), for when two times happen to come out close
+
+
+def tie_bands(twice: Sequence[dict] | pd.DataFrame, floor: float = TIE) -> pd.Series:
+    """Per global batch, the tie band: the most that one training timed twice in a row moved
+    there (over every layout; a share of the slower time), and at least ``floor``. A gap inside it
+    cannot tell two layouts apart from one run each."""
+    both = pd.DataFrame(twice)  # records (``attrs["twice"]``) or a frame of them
+    if both.empty:
+        raise ValueError("no training timed twice: run the sweep and baselines with repeat=True")
+    moved = (both["first"] - both["second"]).abs() / both[["first", "second"]].max(axis=1)
+    return moved.groupby(both["global_batch"]).max().clip(lower=floor).rename("tie")
+
+
+def _band(tie: float | pd.Series, batch: int) -> float:
+    """The tie band at ``batch``: one for every batch, or the batch's own (``tie_bands``)."""
+    return float(tie[batch]) if isinstance(tie, pd.Series) else tie
 
 
 def speedup_text(
-    table: pd.DataFrame, baselines: pd.DataFrame | None = None, tie: float = TIE
+    table: pd.DataFrame, baselines: pd.DataFrame | None = None, tie: float | pd.Series = TIE
 ) -> str:
     """The sweep's timings for reading: one row per run, rates and ratios formatted; with
     ``baselines``, their rows beside the sweep's (a layout and a threads column added), and a
     line per batch saying whether one worker on every core beat the sweep's most workers
-    (speed-ups within ``tie`` of each other called a tie)."""
+    (speed-ups within ``tie`` of each other called a tie: one share, or one per batch)."""
     columns = ["world", "global_batch", "seconds", "samples_per_s", "speedup", "efficiency"]
     verdict = ""
     if baselines is not None:
@@ -149,12 +171,13 @@ def speedup_text(
     return text + verdict
 
 
-def _single_device_verdict(both: pd.DataFrame, tie: float = TIE) -> str:
+def _single_device_verdict(both: pd.DataFrame, tie: float | pd.Series = TIE) -> str:
     """Per batch, what was measured: the single device's speed-up against the most workers'
-    DDP's and, where they ran, the same workers never communicating beside both (``TIE``). No
+    DDP's and, where they ran, the same workers never communicating beside both (``tie``). No
     cause: one run per point says which was faster, not why."""
     lines = []
     for batch, rows in both.groupby("global_batch"):
+        band = _band(tie, int(batch))
         single = rows[rows["layout"] == SINGLE_DEVICE]
         ddp = rows[(rows["layout"] == "DDP") & (rows["world"] == rows["world"].max())]
         if single.empty or ddp.empty or ddp["world"].iloc[0] < 2:
@@ -163,14 +186,14 @@ def _single_device_verdict(both: pd.DataFrame, tie: float = TIE) -> str:
         head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
                 f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
                 f"thread(s) {d['speedup']:.2f}x")  # fmt: skip
-        if abs(s["speedup"] - d["speedup"]) <= tie * max(s["speedup"], d["speedup"]):
-            verdict = f"a tie (within {tie:.0%}, inside run-to-run noise)"
+        if abs(s["speedup"] - d["speedup"]) <= band * max(s["speedup"], d["speedup"]):
+            verdict = f"a tie (within {band:.0%}, inside run-to-run noise)"
         else:
             verdict = ("one worker on every core" if s["speedup"] > d["speedup"] else "DDP")
             verdict += " faster"
         free = rows[(rows["layout"] == NO_COMMUNICATION) & (rows["world"] == d["world"])]
         f = free["speedup"].iloc[0] if len(free) else None
-        lines.append(f"{head}: {verdict}" + _beside_silent(s["speedup"], d["speedup"], f, tie))
+        lines.append(f"{head}: {verdict}" + _beside_silent(s["speedup"], d["speedup"], f, band))
     return "\n".join(lines)
 
 
