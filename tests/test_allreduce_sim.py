@@ -9,21 +9,21 @@ import pytest
 
 from helpers.notebook.allreduce_sim import (
     Transfer,
+    adam_first_step,
     allreduce_mean,
     bytes_sent_per_worker,
     chunk_bounds,
     format_vector,
     init_softmax_params,
-    local_sgd_step,
     make_classification_data,
     naive_allreduce,
     naive_bytes_formula,
     ring_allreduce,
     ring_bytes_formula,
     ring_schedule,
+    sgd_step,
     softmax_loss_and_grad,
     split_sizes,
-    weighted_mean,
     worker_gradients,
 )
 
@@ -36,10 +36,10 @@ LR = 0.1
 
 
 def test_worked_example_numbers() -> None:
-    local0 = local_sgd_step(W, G0, LR)
-    local1 = local_sgd_step(W, G1, LR)
+    local0 = sgd_step(W, G0, LR)
+    local1 = sgd_step(W, G1, LR)
     mean = allreduce_mean([G0, G1])
-    synced = local_sgd_step(W, mean, LR)
+    synced = sgd_step(W, mean, LR)
     np.testing.assert_allclose(local0, [0.94, -0.98], atol=1e-15)
     np.testing.assert_allclose(local1, [0.98, -1.04], atol=1e-15)
     np.testing.assert_allclose(mean, [0.4, 0.1], atol=1e-15)
@@ -51,10 +51,19 @@ def test_worked_example_numbers() -> None:
     assert format_vector(mean) == "[0.4, 0.1]"
 
 
-def test_local_sgd_step_does_not_modify_input() -> None:
+def test_sgd_step_does_not_modify_input() -> None:
     w = W.copy()
-    local_sgd_step(w, G0, LR)
+    sgd_step(w, G0, LR)
     np.testing.assert_array_equal(w, W)
+
+
+def test_adam_first_step_matches_torch() -> None:
+    torch = pytest.importorskip("torch")
+    p = torch.nn.Parameter(torch.tensor(W))
+    opt = torch.optim.Adam([p], lr=LR)
+    p.grad = torch.tensor(G0)
+    opt.step()
+    np.testing.assert_allclose(adam_first_step(W, G0, LR), p.detach().numpy(), rtol=1e-12)
 
 
 def test_format_vector_rounds_noise_but_keeps_digits() -> None:
@@ -245,7 +254,8 @@ def test_unequal_slices_plain_mean_is_wrong_weighted_mean_is_right() -> None:
     sizes = [40, 16, 8]
     grads = worker_gradients(params, x, y, N_CLASSES, sizes)
     assert np.max(np.abs(allreduce_mean(grads) - full)) > 1e-3
-    assert np.max(np.abs(weighted_mean(grads, sizes) - full)) < 1e-12
+    weighted = sum(s * g for s, g in zip(sizes, grads, strict=True)) / sum(sizes)
+    assert np.max(np.abs(weighted - full)) < 1e-12
 
 
 def test_split_sizes_and_worker_gradients_validate() -> None:

@@ -27,9 +27,20 @@ if TYPE_CHECKING:  # matplotlib is imported lazily, only by the plotting functio
 # ---------------------------------------------------------------------------------------------
 
 
-def local_sgd_step(w: np.ndarray, g: np.ndarray, lr: float) -> np.ndarray:
+def sgd_step(w: np.ndarray, g: np.ndarray, lr: float) -> np.ndarray:
     """One plain SGD step ``w - lr * g`` on a copy of ``w``: what a worker would do on its own."""
     return np.asarray(w, dtype=np.float64) - lr * np.asarray(g, dtype=np.float64)
+
+
+def adam_first_step(w: np.ndarray, g: np.ndarray, lr: float, eps: float = 1e-8) -> np.ndarray:
+    """Adam's first step from zero state (Kingma & Ba 2015), on a copy of ``w``.
+
+    After one step the bias-corrected moments are exactly ``g`` and ``g**2``, so the update is
+    ``lr * g / (|g| + eps)``, about ``lr * sign(g)``: not linear in ``g``, so averaging models
+    stepped this way differs from stepping with the averaged gradient.
+    """
+    g = np.asarray(g, dtype=np.float64)
+    return np.asarray(w, dtype=np.float64) - lr * g / (np.abs(g) + eps)
 
 
 def allreduce_mean(grads: Sequence[np.ndarray]) -> np.ndarray:
@@ -128,15 +139,6 @@ def worker_gradients(
         softmax_loss_and_grad(params, x[lo:hi], y[lo:hi], n_classes)[1]
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
     ]
-
-
-def weighted_mean(grads: Sequence[np.ndarray], sizes: Sequence[int]) -> np.ndarray:
-    """Average of per-worker mean gradients weighted by slice size: the full-batch gradient
-    even when the slices are unequal (it is sum of per-sample gradients / total samples)."""
-    if len(grads) != len(sizes):
-        raise ValueError(f"{len(grads)} gradients but {len(sizes)} slice sizes")
-    weights = np.asarray(sizes, dtype=np.float64) / sum(sizes)
-    return np.tensordot(weights, np.stack([np.asarray(g, dtype=np.float64) for g in grads]), 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,6 +326,7 @@ def plot_ring_schedule(log: Sequence[Transfer], n_workers: int, ax: Axes | None 
     n_rs = counters["reduce-scatter"]
     ax.axhline(n_rs - 0.5, color="black", linewidth=2)
     ax.set_title(
-        f"Ring all-reduce, N = {n_workers}: the chunk each worker sends to its right", pad=12
+        f"Ring all-reduce (simulated), N = {n_workers}: the chunk each worker sends to its right",
+        pad=12,
     )
     return ax
