@@ -247,7 +247,7 @@ def test_mean_of_equal_slice_gradients_is_full_batch_gradient(n_workers: int) ->
         assert np.max(np.abs(grads[0] - full)) > 1e-3
 
 
-def test_unequal_slices_plain_mean_is_wrong_weighted_mean_is_right() -> None:
+def test_unequal_slices_plain_mean_is_wrong_size_weighted_mean_is_right() -> None:
     x, y = make_classification_data(64, N_FEATURES, N_CLASSES)
     params = init_softmax_params(N_FEATURES, N_CLASSES)
     _, full = softmax_loss_and_grad(params, x, y, N_CLASSES)
