@@ -105,7 +105,11 @@ def test_a_class_of_three_gets_the_points_its_answers_earn(tmp_path: Path, monke
     submissions = tmp_path / "submissions"
     (submissions / "alice").mkdir(parents=True)
     (submissions / "alice" / NB01.name).write_text(to_text(answered(full, [None, None])))
-    wrong = "prediction_ring, prediction_root = 2 * 6_524_952 - 1, 15 * 6_524_952"
+    [ex1, _] = exercises(full)  # bob predicts 2 M for the ring, and measures as the model does
+    model = "\n".join(full.cells[i].source for i in ex1.solution)
+    right = "prediction_ring, prediction_root = 12_234_285, 97_874_280"
+    assert right in model, "the model solution changed: update bob's answer"
+    wrong = model.replace(right, "prediction_ring, prediction_root = 2 * 6_524_952 - 1, 97_874_280")
     (submissions / f"bob_{NB01.name}").write_text(to_text(answered(full, [wrong, None])))
     (submissions / f"carol_{NB01.name}").write_text('{"cells": [')  # cut short in the upload
     out = tmp_path / "grades"

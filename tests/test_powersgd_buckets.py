@@ -38,6 +38,7 @@ def test_powersgd_fails_on_several_buckets_and_trains_on_one():
     ]
     assert detail.strip().startswith("failed:"), detail
     assert several.strip().startswith("failed:"), several
+    assert "failed" not in one, one
     trained, slowest = one.strip().split("  ")
     assert trained == f"trained {powersgd_buckets.STEPS} steps; replicas identical: True"
     # the stall limit tells a hang from the slowest healthy step with room to spare

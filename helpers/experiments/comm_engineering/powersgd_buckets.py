@@ -19,8 +19,10 @@ STEPS = 20
 # group: over 10 s at a load of 7 on 2 cores). A healthy step takes tens of milliseconds, the
 # first three (DDP's first step, its bucket rebuild, PowerSGD's first compression) up to about a
 # second at that load: STALL_S is ten times that. The healthy launch prints its slowest step.
+# After the last step, the replicas' check and the teardown have START_S again (a CI machine under
+# load once took over 10 s there, and a finished run was reported as a hang).
 START_S, STALL_S = 60.0, 10.0
-LONGEST_S = 3 * (START_S + STEPS * STALL_S)  # the script's three launches, at the very most
+LONGEST_S = 3 * (2 * START_S + STEPS * STALL_S)  # the script's three launches, at the very most
 
 
 def worker(rank: int, port: int, bucket_cap_mb: float | None, done) -> None:  # noqa: ANN001
@@ -68,7 +70,9 @@ def run(label: str, bucket_cap_mb: float | None, debug: str) -> None:
     try:
         while not ctx.join(timeout=0.2):
             if min(done[:]) > steps:  # a step completed on both ranks: the clock starts again
-                steps, since, limit = min(done[:]), time.monotonic(), STALL_S
+                steps, since = min(done[:]), time.monotonic()
+                # after the last step, the check and the teardown get as long as the start
+                limit = STALL_S if steps < STEPS else START_S
             elif time.monotonic() - since > limit:
                 for p in ctx.processes:
                     p.kill()
