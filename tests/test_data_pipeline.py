@@ -181,14 +181,20 @@ def test_the_single_device_uses_one_worker_and_every_core(monkeypatch):
 @pytest.mark.slow
 def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     monkeypatch.setenv("DDP_COURSE_CORES", "2")
-    table = baseline_runs([2048], min_steps=1, data="standin")
-    single = table[table["layout"] == "single device"].iloc[0]
+    table = baseline_runs([1024, 2048], min_steps=1, data="standin", repeat=True)
+    single = table[table["layout"] == "single device"].iloc[-1]
     assert (single["world"], single["threads_per_worker"]) == (1, available_cores())
     assert single["threads_used"] == available_cores()  # as the worker's torch reported it
     assert single["timed_steps"] == 1 and single["seconds"] > 0
     ceiling = table[table["layout"] == "no communication"]
-    assert len(ceiling) == (1 if ceiling_plan() else 0)
-    assert len(table.attrs["repeats"]) == 1 + len(ceiling)  # a warm-up and its repeat per launch
+    assert len(ceiling) == (2 if ceiling_plan() else 0)
+    assert len(table.attrs["repeats"]) == 1 + len(ceiling) // 2  # a warm-up and its repeat a launch
+    # repeat: each training twice in a row, the table keeping the first of the two
+    twice = pd.DataFrame(table.attrs["twice"])
+    assert list(zip(twice["layout"], twice["global_batch"], strict=True)) == list(
+        zip(table["layout"], table["global_batch"], strict=True))  # fmt: skip
+    assert (twice["first"].to_numpy() == table["seconds"].to_numpy()).all()
+    assert (twice["second"] > 0).all()
 
 
 def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():

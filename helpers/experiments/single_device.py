@@ -103,7 +103,9 @@ def baseline_runs(
             progress(warmup_text(warm, runs[0]))
         for run, timed_steps in zip(runs[::copies], points["timed_steps"], strict=True):
             rows.append({"layout": layout, **run_row(run, timed_steps)})
-        twice += [twice_record(layout, *runs[k : k + 2]) for k in range(0, len(runs), 2) if repeat]
+        if repeat:  # runs holds each training twice in a row
+            pairs = zip(runs[::2], runs[1::2], strict=True)
+            twice += [twice_record(layout, first, second) for first, second in pairs]
     table = pd.DataFrame(rows)
     table.attrs["data_source"] = har.source
     table.attrs["repeats"] = repeats  # (warm-up, timed) seconds per launch
