@@ -37,3 +37,13 @@ def test_notebook_is_numbered_executed_and_clean(path: Path):
         for out in cell.get("outputs", []):
             assert out["output_type"] != "error", "a committed cell raised"
             assert out.get("name") != "stderr", f"stderr in a committed cell: {out.get('text')}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_markdown_holds_no_escaped_newlines(path: Path):
+    """A text edited through a string literal can keep its ``\\n`` as two characters, which
+    Jupyter then shows as text (03's cell 48 once did); a ``\\n`` in backticks is code, not that."""
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        prose = re.sub(r"`[^`]*`", "", "".join(cell["source"]))
+        if cell["cell_type"] == "markdown":
+            assert "\\n" not in prose, f"cell {index}: a literal \\n in the text"
