@@ -12,10 +12,12 @@ from helpers.dist.counting import CollectiveCounter, per_step_traffic, wire_byte
 from helpers.dist.launch import WorkerError, launch
 from helpers.experiments.mesh2d import mesh2d_worker
 from helpers.experiments.mixed_precision import (
+    bf16_ratios,
     bytes_per_parameter,
     cpu_features,
     fsdp_mp_worker,
     held_per_parameter,
+    paired_seconds,
     train_precision,
 )
 from helpers.experiments.parallelism_costs import Workload, costs, tensor_messages
@@ -115,6 +117,18 @@ def test_pipeline_stages_run_the_papers_orders(pipelined):
             assert report["trained"][name, m, scale]["order"] == textbook_order(name, stage, 2, m)
     assert textbook_order("1F1B", 0, 2, 4) == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
     assert textbook_order("1F1B", 1, 2, 4) == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+
+
+def test_pytorch_plans_1f1b_last_stage_forwards_from_micro_batch_one(pipelined):
+    # Upstream behaviour, not ours: PyTorch 2.13's Schedule1F1B.pipeline_order (what its
+    # schedule visualiser draws) numbers the last stage's forwards from 1, F1 ... F4 for m = 4,
+    # where there is no micro-batch 4, while the schedule that runs does F0 B0 F1 B1 ... (the
+    # test above). Notebook 09's paragraph after its pipeline orders describes this slip: when a
+    # release fixes the plan, this fails, and that paragraph must change with it.
+    first, last = (report["trained"]["1F1B", 4, True]["planned_order"] for report in pipelined)
+    assert first == textbook_order("1F1B", 0, 2, 4)
+    assert last == ["F1", "B0", "F2", "B1", "F3", "B2", "F4", "B3"]
+    assert pipelined[1]["trained"]["1F1B", 4, True]["order"] == textbook_order("1F1B", 1, 2, 4)
 
 
 def test_gpipe_keeps_every_micro_batch_and_1f1b_at_most_p_minus_s(pipelined):
@@ -235,6 +249,27 @@ def test_cpu_features_read_the_flags_line(tmp_path):
     assert cpu_features(str(info)) == {"amx_bf16": False, "avx512_bf16": True,
                                        "avx512f": True, "avx2": True}  # fmt: skip
     assert cpu_features(str(tmp_path / "missing")) == {}
+
+
+def test_paired_seconds_time_float32_and_bf16_in_turn_and_ratios_summarise_them():
+    torch.set_num_threads(1)
+    rows = paired_seconds(pairs=3, batch=8)
+    assert [r["pair"] for r in rows] == [0, 1, 2]
+    keys = ("matmul_f32_cpu_s", "matmul_bf16_cpu_s", "step_f32_cpu_s", "step_bf16_cpu_s")
+    assert all(r[k] > 0 for r in rows for k in keys)
+    product_only = paired_seconds(pairs=2, batch=8, step=False, warmup=0)
+    assert all("step_f32_cpu_s" not in r for r in product_only)
+    table = bf16_ratios([{"cap": "", "onednn_bf16": True, **r} for r in rows]
+                        + [{"cap": "AVX2", "onednn_bf16": False, **r} for r in product_only])
+    assert list(table.index) == [("this processor, uncapped", "product"),
+                                 ("this processor, uncapped", "training step"),
+                                 ("AVX2 (Haswell to Zen 3)", "product")]  # fmt: skip
+    ratios = [r["matmul_bf16_cpu_s"] / r["matmul_f32_cpu_s"] for r in rows]
+    product = table.loc[("this processor, uncapped", "product")]
+    assert product["pairs"] == 3 and product["bf16/float32"] == pytest.approx(sorted(ratios)[1])
+    assert (product["min"], product["max"]) == (min(ratios), max(ratios))
+    with pytest.raises(ValueError, match="pairs must be at least 1"):
+        paired_seconds(pairs=0)
 
 
 def test_sends_count_once_and_functional_collectives_are_seen():

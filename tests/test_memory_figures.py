@@ -1,5 +1,5 @@
 """The figures that draw notebook 08's ZeRO arithmetic and notebook 09's activation peaks and
-bf16 timings: what they draw is their table's numbers, and each names its data source."""
+bf16 timing ratios: what they draw is their table's numbers, and each names its data source."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
 
 from helpers.experiments.memory import MB, expected_bytes  # noqa: E402
 from helpers.notebook.parallelism_plots import (  # noqa: E402
     plot_activation_peaks,
-    plot_bf16_times,
+    plot_bf16_ratios,
 )
 from helpers.notebook.plotting import plot_zero_stages  # noqa: E402
 
@@ -54,11 +55,18 @@ def test_activation_peaks_draw_one_line_per_schedule_and_stage():
     plt.close(fig)
 
 
-def test_bf16_times_draw_each_processors_two_products():
-    table = pd.DataFrame({"float32": [7.9, 7.0], "bf16": [3.4, 578.0]}, index=["a", "b"])
-    fig = plot_bf16_times(table, "data: X")
+def test_bf16_ratios_draw_each_median_with_its_min_and_max():
+    index = pd.MultiIndex.from_tuples([("a", "product"), ("b", "product")])
+    table = pd.DataFrame({"pairs": [10, 3], "bf16/float32": [0.5, 60.0], "min": [0.4, 55.0],
+                          "max": [0.7, 70.0]}, index=index)  # fmt: skip
+    fig = plot_bf16_ratios(table, "data: X")
     ax = fig.axes[0]
-    widths = sorted(round(bar.get_width(), 6) for bar in ax.patches)
-    assert widths == sorted([7.9, 7.0, 3.4, 578.0])
+    dots = ax.lines[0]  # the medians, one per row, top down
+    assert list(dots.get_xdata()) == [0.5, 60.0] and list(dots.get_ydata()) == [0, 1]
+    whiskers = ax.collections[0].get_segments()  # each from its min to its max
+    assert [(w[0][0], w[1][0]) for w in whiskers] == [(0.4, 0.7), (55.0, 70.0)]
     assert ax.get_xscale() == "log" and "data: X" in ax.get_title()
+    assert ax.get_xlim()[0] < 1.0 < ax.get_xlim()[1]  # the line at 1 is in view
     plt.close(fig)
+    with pytest.raises(ValueError, match="bf16_ratios"):
+        plot_bf16_ratios(pd.DataFrame({"x": [1]}), "data: X")

@@ -2,8 +2,9 @@
 products, the activations), float32 where rounding would accumulate (the weights the optimizer
 updates, the gradients' sums), on the CPU and across workers.
 
-``cpu_features`` reads which bf16 instructions this processor has; ``step_seconds`` times a
-training step and a matrix product in float32 and under ``torch.autocast``; ``precision_worker``
+``cpu_features`` reads which bf16 instructions this processor has; ``paired_seconds`` times a
+training step and a matrix product in float32 and under ``torch.autocast``, in interleaved
+pairs (``bf16_ratios`` summarises them); ``precision_worker``
 trains the reference in both, one seed per run, for their test accuracies; ``fsdp_mp_worker``
 runs FSDP2 with ``MixedPrecisionPolicy`` on Gloo and counts what it sends and holds;
 ``bytes_per_parameter`` is the Ultra-Scale Playbook's arithmetic, and ``held_per_parameter`` the
@@ -11,11 +12,11 @@ same bytes read from the tensors of a real float32 and mixed-precision Adam step
 
 from __future__ import annotations
 
-import statistics
 import time
 from contextlib import nullcontext
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -56,44 +57,56 @@ def autocast(enabled: bool):
     return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else nullcontext()
 
 
-def _median_seconds(fn, repeats: int, warmup: int = 1) -> tuple[float, float]:
-    """Median wall and CPU (this thread's) seconds of ``fn()`` over ``repeats`` calls."""
-    wall, cpu = [], []
-    for i in range(warmup + repeats):
-        started, cpu_started = time.perf_counter(), time.thread_time()
-        fn()
-        if i >= warmup:  # the first calls allocate and pick kernels
-            wall.append(time.perf_counter() - started)
-            cpu.append(time.thread_time() - cpu_started)
-    return statistics.median(wall), statistics.median(cpu)
-
-
-def step_seconds(repeats: int = 20, batch: int = 256, bf16: bool = False, step: bool = True,
-                 warmup: int = 1) -> dict[str, float]:  # fmt: skip
-    """Median seconds, wall and CPU, of one training step of the reference MLP (forward,
-    backward, SGD step; if ``step``) and of one product of a batch by a 1024x1024 matrix, in
-    float32 or in bf16 (under autocast for the step), in this process with its threads, after
-    ``warmup`` untimed calls (the step gets one more: its first allocates the gradients)."""
+def _train_step(bf16: bool, X: torch.Tensor, y: torch.Tensor):
+    """One training step of the reference MLP (forward, backward, SGD step), in float32 or under
+    bf16 autocast, as a function of nothing: each dtype has its own model, from seed 0."""
     torch.manual_seed(0)
     model = make_mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    X, y = torch.randn(batch, 561), torch.randint(0, 6, (batch,))
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    a, b = torch.randn(batch, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
 
-    def train_step() -> None:
+    def step() -> None:
         optimizer.zero_grad()
         with autocast(bf16):
             loss = F.cross_entropy(model(X).float(), y)
         loss.backward()
         optimizer.step()
 
-    out = dict(zip(("matmul_s", "matmul_cpu_s"),
-                   _median_seconds(lambda: a @ b, repeats, warmup), strict=True))  # fmt: skip
+    return step
+
+
+def _cpu_seconds(fn) -> float:
+    """This thread's CPU seconds of one call of ``fn()``."""
+    started = time.thread_time()
+    fn()
+    return time.thread_time() - started
+
+
+def paired_seconds(pairs: int = 10, batch: int = 256, step: bool = True,
+                   warmup: int = 1) -> list[dict[str, float]]:  # fmt: skip
+    """This thread's CPU seconds of one product of a batch by a 1024x1024 matrix, in float32
+    then in bf16, ``pairs`` times in turn (float32, bf16, float32, bf16, ...) after ``warmup``
+    untimed pairs; with ``step``, then the reference MLP's training step the same way, in
+    float32 and under autocast (one more warm-up: its first allocates the gradients). One row
+    per pair. A pair's two calls run a moment apart, under the same load, so their ratio is
+    what a shared machine disturbs least; the spread of the ratios shows how much it does."""
+    if pairs < 1 or warmup < 0:
+        raise ValueError(f"pairs must be at least 1 and warmup at least 0, got {pairs} and "
+                         f"{warmup}")  # fmt: skip
+    torch.manual_seed(0)
+    a, b = torch.randn(batch, 1024), torch.randn(1024, 1024)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    timed = {"matmul": (lambda: a @ b, lambda: a16 @ b16, warmup)}
     if step:
-        out.update(zip(("step_s", "step_cpu_s"), _median_seconds(train_step, repeats, warmup + 1),
-                       strict=True))  # fmt: skip
-    return out
+        X, y = torch.randn(batch, 561), torch.randint(0, 6, (batch,))
+        timed["step"] = (_train_step(False, X, y), _train_step(True, X, y), warmup + 1)
+    rows: list[dict[str, float]] = [{"pair": i} for i in range(pairs)]
+    for name, (f32, bf16, untimed) in timed.items():
+        for i in range(untimed + pairs):
+            seconds = (_cpu_seconds(f32), _cpu_seconds(bf16))  # float32 first, then bf16
+            if i >= untimed:
+                rows[i - untimed].update({f"{name}_f32_cpu_s": seconds[0],
+                                          f"{name}_bf16_cpu_s": seconds[1]})  # fmt: skip
+    return rows
 
 
 # oneDNN's names for the instruction sets it may be capped at (ONEDNN_MAX_CPU_ISA), with the
@@ -105,12 +118,14 @@ ISA_CAPS = {
 }
 
 
-def isa_worker(rank: int, world_size: int, caps: list[str], repeats: int = 10) -> list[dict]:
+def isa_worker(rank: int, world_size: int, caps: list[str], pairs: int = 10,
+               slow_pairs: int = 3) -> list[dict]:  # fmt: skip
     """Each rank in turn (the others wait at a barrier) caps the instruction sets oneDNN, the
     library behind PyTorch's CPU matrix products, may use (``ONEDNN_MAX_CPU_ISA``, read at its
-    first product, so set in a fresh process) and times a float32 and a bf16 product, and on
-    the uncapped rank the training step too: the same code on older processors. One rank per
-    cap. A bf16 product oneDNN cannot take is timed once: it is many times slower."""
+    first product, so set in a fresh process) and times float32 and bf16 products in
+    interleaved pairs (``paired_seconds``), and on the uncapped rank the training step too: the
+    same code on older processors. One rank per cap. Where oneDNN cannot take a bf16 product
+    (PyTorch's own kernels: many times slower), ``slow_pairs`` pairs and no warm-up."""
     import os
 
     import torch.distributed as dist
@@ -123,12 +138,29 @@ def isa_worker(rank: int, world_size: int, caps: list[str], repeats: int = 10) -
         dist.barrier()
         if turn == rank:
             onednn_bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-            for bf16 in (False, True):
-                slow = bf16 and not onednn_bf16  # PyTorch's own kernels: seconds a product
-                timed = step_seconds(1 if slow else repeats, bf16=bf16, step=not cap,
-                                     warmup=0 if slow else 1)  # fmt: skip
-                rows.append({"cap": cap, "bf16": bf16, "onednn_bf16": onednn_bf16, **timed})
+            timed = paired_seconds(pairs if onednn_bf16 else slow_pairs, step=not cap,
+                                   warmup=1 if onednn_bf16 else 0)  # fmt: skip
+            rows += [{"cap": cap, "onednn_bf16": onednn_bf16, **row} for row in timed]
     return rows
+
+
+def bf16_ratios(rows: list[dict]) -> pd.DataFrame:
+    """``isa_worker``'s rows as one row per cap and timed call (the product, the step): the
+    pairs, the median CPU milliseconds of each dtype, and the median, min and max over the
+    pairs of bf16's time over float32's (below 1: bf16 faster)."""
+    table = pd.DataFrame(rows)
+    out = []
+    for cap, timed in table.groupby("cap", sort=False):
+        for name, what in (("matmul", "product"), ("step", "training step")):
+            if f"{name}_f32_cpu_s" not in timed or timed[f"{name}_f32_cpu_s"].isna().all():
+                continue
+            f32, bf16 = timed[f"{name}_f32_cpu_s"], timed[f"{name}_bf16_cpu_s"]
+            ratio = bf16 / f32
+            out.append({"processor": ISA_CAPS.get(cap, cap), "timed": what, "pairs": len(ratio),
+                        "float32 ms": 1e3 * f32.median(), "bf16 ms": 1e3 * bf16.median(),
+                        "bf16/float32": ratio.median(), "min": ratio.min(),
+                        "max": ratio.max()})  # fmt: skip
+    return pd.DataFrame(out).set_index(["processor", "timed"])
 
 
 def saved_bytes(bf16: bool, batch: int = 256) -> dict[str, int]:

@@ -140,26 +140,34 @@ def plot_activation_peaks(peaks: pd.DataFrame, source: str) -> Figure:
     return fig
 
 
-def plot_bf16_times(table: pd.DataFrame, source: str) -> Figure:
-    """Per processor (rows of ``table``), the CPU milliseconds of one product in float32 and in
-    bf16 (columns), as bars on a log axis: where bf16 pays, and where it costs."""
-    fig, ax = plt.subplots(figsize=(8.0, 3.6))
+def plot_bf16_ratios(table: pd.DataFrame, source: str) -> Figure:
+    """Per processor and timed call (rows of ``bf16_ratios``' table), bf16's CPU time over
+    float32's in interleaved pairs: a dot at the median, a whisker from the min to the max, on a
+    log axis with 1 marked. Left of 1 bf16 is faster; a whisker across 1 leaves it undecided."""
+    if table.empty or not {"bf16/float32", "min", "max", "pairs"} <= set(table.columns):
+        raise ValueError("pass bf16_ratios' table: one row per processor and timed call, with "
+                         "columns bf16/float32, min, max and pairs")  # fmt: skip
+    fig, ax = plt.subplots(figsize=(8.0, 0.6 * len(table) + 1.8))
     y = np.arange(len(table))
-    for i, dtype in enumerate(table.columns):
-        ax.barh(y + (i - 0.5) * 0.38, table[dtype], 0.36, color=f"C{i}", label=dtype)
-        for row, value in zip(y, table[dtype], strict=True):
-            ax.annotate(f"{value:.1f}", (value, row + (i - 0.5) * 0.38), xytext=(3, 0),
-                        textcoords="offset points", va="center", fontsize=8)  # fmt: skip
-    ax.set_yticks(y, table.index, fontsize=8)
-    ax.invert_yaxis()
+    median, low, high = (table[c].to_numpy(dtype=float) for c in ("bf16/float32", "min", "max"))
+    ax.errorbar(median, y, xerr=[median - low, high - median], fmt="o", color="C1", capsize=4,
+                label="median, whisker min to max")  # fmt: skip
+    for row, value, top, pairs in zip(y, median, high, table["pairs"], strict=True):
+        ax.annotate(f"{value:.2f} ({pairs} pairs)", (top, row), xytext=(5, 0),
+                    textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+    ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1, label="as fast as float32")
+    labels = ["\n".join(str(part) for part in key) if isinstance(key, tuple) else str(key)
+              for key in table.index]  # fmt: skip
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_ylim(len(table) - 0.5, -0.5)
     ax.set_xscale("log")
-    ax.set_xlim(right=ax.get_xlim()[1] * 3)
-    ax.set_xlabel("CPU milliseconds of one thread (log scale)")
+    left, right = min(low.min(), 1.0) / 1.5, max(high.max(), 1.0) * 4
+    ax.set_xlim(left, right)
+    ax.set_xlabel("bf16's CPU time / float32's, pair by pair (log scale; below 1: bf16 faster)")
     ax.grid(axis="x", alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper right")
     source = textwrap.fill(source, 90)  # a long source would widen the figure, not the plot
-    ax.set_title(f"One 256 x 1024 by 1024 x 1024 product: bf16 against float32\n{source}",
-                 fontsize=10)  # fmt: skip
+    ax.set_title(f"bf16 against float32, timed in turn in one process\n{source}", fontsize=10)
     fig.tight_layout()
     return fig
 
