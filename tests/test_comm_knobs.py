@@ -119,3 +119,15 @@ def test_the_figures_draw_every_row_and_name_the_data():
     low, high = knob_spread(knobs)
     assert list(low) == pytest.approx([20 / 21, 20 / 30])
     assert list(high) == pytest.approx([20 / 19, 20 / 24])
+
+
+def test_the_goal_verdict_comes_from_the_bracket_not_the_median():
+    # a silent step of 20-22 ms against a variant's 21-25 ms: the share runs 80% to 105%
+    low, high = ce.share_bracket((0.020, 0.022), (0.021, 0.025))
+    assert (low, high) == pytest.approx((0.8, 0.022 / 0.021))
+    assert ce.goal_verdict(low, high, 0.9) == "within noise"
+    assert ce.goal_verdict(0.91, 0.97, 0.9) == "met"
+    assert ce.goal_verdict(0.9, 0.97, 0.9) == "met"  # the goal is "at least 90%"
+    assert ce.goal_verdict(0.70, 0.89, 0.9) == "not met"
+    with pytest.raises(ValueError, match="swap them"):
+        ce.goal_verdict(0.97, 0.91, 0.9)

@@ -40,7 +40,7 @@ from helpers.experiments.comm_engineering.knobs import (
 from helpers.experiments.comm_engineering.step_model import (
     GIGABIT_BETA,
     QUIET_COMPUTE,
-    QUIET_LOAD,
+    QUIET_IDLE,
     activation_bytes,
     calibrated_compute,
     communication_free_ceiling,
@@ -61,7 +61,9 @@ from helpers.experiments.comm_engineering.timelines import (
     timeline_worker,
 )
 from helpers.experiments.comm_engineering.timing import (
+    goal_verdict,
     pytorch_records,
+    share_bracket,
     speedup_table,
     speedup_text,
     time_variants,
@@ -88,7 +90,7 @@ __all__ = [
     "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_BETA", "GOAL_SHARE",
     "GRADIENT_BYTES", "HOOK_VARIANTS", "KNOB_ROUNDS", "KNOBS", "NO_COMMUNICATION", "Knob",
     "calibrated_compute", "knob_table",
-    "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "QUIET_LOAD", "REPEATS",
+    "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "QUIET_IDLE", "REPEATS",
     "TIMED_STEPS",
     "UNTIMED_STEPS",
     "Variant", "activation_bytes", "best_within_tolerance", "bytes_table",
@@ -96,7 +98,7 @@ __all__ = [
     "layer_of_parameters",
     "make_mlp_stack", "mlp_layers", "model_speedups", "model_step_seconds", "overlap_share",
     "overlap_table", "pytorch_records", "record_timelines", "saved_activation_bytes",
-    "scaled_compute",
+    "scaled_compute", "share_bracket", "goal_verdict",
     "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",
     "timing_config", "timing_rows", "timing_worker", "train_hooks",
 ]  # fmt: skip

@@ -23,10 +23,10 @@ GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
 # data of HAR's shape: 23.1 ms at global batch 256, 156 ms at 2048, the straight line through
 # them): a fixed reference for the model's claims, where this machine's own fit moves with load.
 QUIET_COMPUTE = ComputeModel(c0=4.1e-3, c1=74e-6)
-# A launch counts as quiet only when the 1-minute load average read before it is below this: on a
-# machine whose cores the workers fill, other programs then want under half a core on average.
-# At a load of 1 or 2 on 2 cores the 2 workers compete with 1 or 2 other busy threads.
-QUIET_LOAD = 0.5
+# A launch counts as quiet only when its CPUs were at least this idle over the half second before
+# it (``helpers.training.measure.idle_share``): other programs then held under a tenth of their
+# time, a fifth of one core of 2. One other busy thread on 2 cores leaves them half idle.
+QUIET_IDLE = 0.9
 
 def mlp_layers(model: nn.Module) -> list[tuple[int, int]]:
     """``(inputs, outputs)`` of each linear layer, in forward order."""

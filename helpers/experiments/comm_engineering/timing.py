@@ -151,6 +151,26 @@ def speedup_table(timed: pd.DataFrame, one: pd.DataFrame) -> pd.DataFrame:
     base = one.set_index("global_batch")["step_seconds"]
     return timed.assign(speedup=timed["global_batch"].map(base) / timed["step_seconds"])
 
+def share_bracket(
+    silent: tuple[float, float], variant: tuple[float, float]
+) -> tuple[float, float]:
+    """The share of the ceiling, silent step over the variant's, at its extremes over both
+    measured brackets (each a fastest and a slowest round, in seconds): every pairing of their
+    rounds gives a share inside it."""
+    return silent[0] / variant[1], silent[1] / variant[0]
+
+
+def goal_verdict(low: float, high: float, goal: float) -> str:
+    """The goal's verdict from a measured bracket of the share, not from one number, which a
+    noisy run can put on either side by chance: "met" when the bracket lies wholly at or above
+    the goal, "not met" when wholly below, "within noise" when it straddles it."""
+    if low > high:
+        raise ValueError(f"a bracket runs from low to high, got {low} > {high}: swap them")
+    if low >= goal:
+        return "met"
+    return "not met" if high < goal else "within noise"
+
+
 def speedup_text(table: pd.DataFrame) -> str:
     """Variants down, batches across: milliseconds per step (the median over the rounds, and in
     brackets the fastest and the slowest round, where the table has them) and speed-up."""
