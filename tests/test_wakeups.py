@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from helpers.dist.wakeups import (
@@ -17,6 +18,8 @@ from helpers.dist.wakeups import (
     _thread_switches,
     kernel_hz,
     probe_wakeups,
+    slow_calls,
+    slow_calls_text,
     steal_seconds,
     stopped_spinner,
     wait_threshold,
@@ -56,6 +59,33 @@ def test_a_sleep_is_a_voluntary_switch_of_this_thread():
 
 def _main_tid() -> int:
     return os.getpid()  # the main thread's id is the process's
+
+
+def _probed(steal: float | None) -> pd.DataFrame:
+    """A probe_wakeups table as it would come back: two conditions, HZ = 250 (slow: over 2 ms)."""
+    table = pd.DataFrame({"p25_ms": [0.5, 1.0], "slow_share": [2 / 3, 0.5],
+                          "involuntary": [9.0, 3.0]})  # fmt: skip
+    table.attrs.update(hz=250, slow_ms=2.0, times=[[0.0005, 0.003, 0.005], [0.001, 0.0025]],
+                       steal_s=steal, seconds=1.0, cpus=2)  # fmt: skip
+    return table
+
+
+def test_slow_calls_are_counted_against_the_tick_and_their_conditions_first_quartile():
+    found = slow_calls(_probed(0.004))
+    assert found["count"] == 3  # 3, 5 and 2.5 ms: over half a 4 ms tick
+    assert found["under_one_tick"] == 2 / 3  # 3 and 2.5 ms
+    assert abs(found["extra_s"] - ((0.003 - 0.0005) + (0.005 - 0.0005) + (0.0025 - 0.001))) < 1e-12
+    assert found["most_slow"] == found["most_involuntary"] == 0
+    text = slow_calls_text(_probed(0.004))
+    assert "took 8 ms beyond" in text and "the same" in text and "0.2% of their time" in text
+    assert "not readable" in slow_calls_text(_probed(None))  # no /proc/stat: said, not zero
+
+
+def test_without_the_tick_the_slow_calls_are_counted_but_not_set_against_it():
+    table = _probed(0.0)
+    table.attrs["hz"] = None
+    assert slow_calls(table)["under_one_tick"] is None
+    assert "under one tick" not in slow_calls_text(table)
 
 
 def test_the_spinner_is_stopped_then_gone():

@@ -241,3 +241,48 @@ def probe_wakeups(nbytes: int = 65536, calls: int = 120, block: int = 10) -> pd.
                        woken=ranks[0][0]["woken"], steal_s=results[0]["steal_s"],
                        seconds=results[0]["seconds"], cpus=os.cpu_count())
     return table
+
+
+def slow_calls(table: pd.DataFrame) -> dict[str, Any]:
+    """What the slow calls of a ``probe_wakeups`` table add up to, for setting beside the steal
+    time (which can explain at most its own total): how many calls were slower than half a tick
+    (``count``), the share of them under one tick (``under_one_tick``, None where ``HZ`` is
+    unknown or none was slow), the seconds they took beyond their condition's first quartile
+    (``extra_s``), and the conditions with the most slow calls and the most involuntary
+    switches (``most_slow``, ``most_involuntary``: the table's row labels)."""
+    slow, hz = table.attrs["slow_ms"] / 1e3, table.attrs["hz"]
+    late_all: list[float] = []
+    extra = 0.0
+    for row, times in zip(table.itertuples(), table.attrs["times"], strict=True):
+        late = [t for t in times if t > slow]
+        late_all += late
+        extra += sum(t - row.p25_ms / 1e3 for t in late)
+    under = sum(t < 1 / hz for t in late_all) / len(late_all) if hz and late_all else None
+    return {
+        "count": len(late_all),
+        "under_one_tick": under,
+        "extra_s": extra,
+        "most_slow": table["slow_share"].idxmax(),
+        "most_involuntary": table["involuntary"].idxmax(),
+    }
+
+
+def slow_calls_text(table: pd.DataFrame) -> str:
+    """``slow_calls`` and the steal time over the probe, one finding a line."""
+    found = slow_calls(table)
+    lines = [f"the slow calls took {found['extra_s'] * 1e3:.0f} ms beyond their condition's "
+             "first quartile"]  # fmt: skip
+    under = found["under_one_tick"]
+    lines.append(f"{found['count']} slow calls (over half a tick)"
+                 + (f"; {under:.0%} of them under one tick" if under is not None else ""))
+    most_slow, most_inv = found["most_slow"], found["most_involuntary"]
+    same = "the same" if most_slow == most_inv else "not the same"
+    lines.append(f"most slow calls in condition {most_slow}, most involuntary switches in "
+                 f"condition {most_inv}: {same}")
+    steal, seconds, cpus = (table.attrs[k] for k in ("steal_s", "seconds", "cpus"))
+    if steal is None:
+        lines.append("steal time: not readable here (/proc/stat is Linux's)")
+    else:
+        lines.append(f"steal time over the probe: {steal * 1e3:.0f} ms, summed over {cpus} CPUs "
+                     f"in {seconds:.1f} s ({steal / (seconds * cpus):.1%} of their time)")
+    return "\n".join(lines)
