@@ -160,12 +160,20 @@ def test_run_script_clears_only_its_own_folders(tmp_path):
 
 
 def test_run_script_gives_the_threads_asked_for(tmp_path, monkeypatch):
-    """A bit-for-bit comparison needs the other training's threads, whatever the cores."""
+    """A bit-for-bit comparison needs the other training's threads, whatever the cores; the
+    command it shows sets the variables the script got, so that pasted into a shell it repeats
+    the run."""
     script = tmp_path / "threads.py"
-    script.write_text("import os\nprint(os.environ['OMP_NUM_THREADS'])\n")
+    script.write_text(
+        "import os\nprint(f\"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} "
+        "GLOO_SOCKET_IFNAME={os.environ['GLOO_SOCKET_IFNAME']}\")\n"
+    )
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     run = run_script(script, [], tmp_path / "run", threads_per_worker=3)
-    assert run.returncode == 0 and run.stdout[0].strip() == "3"
+    assert run.returncode == 0 and run.stdout[0].strip().startswith("OMP_NUM_THREADS=3 ")
+    assert run.rerun == f"{run.stdout[0].strip()} {run.shown}"
+    assert run.shown.startswith("python ") and "OMP_NUM_THREADS" not in run.shown
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

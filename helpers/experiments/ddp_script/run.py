@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,7 @@ class ScriptRun:
     stdout: list[str]
     stderr: list[str]
     launcher_stderr: str  # torchrun's own (empty for a plain one-process run)
+    env: dict[str, str] = field(default_factory=dict)  # the variables run_script set for it
 
     @property
     def shown(self) -> str:
@@ -57,6 +58,14 @@ class ScriptRun:
         else:
             words[0] = "python"
         return shlex.join(words)
+
+    @property
+    def rerun(self) -> str:
+        """``shown`` after the variables run_script set (``OMP_NUM_THREADS=1
+        GLOO_SOCKET_IFNAME=lo torchrun ...``): pasted into a shell, it repeats the run, threads
+        included, which the rounding depends on."""
+        prefix = [f"{name}={shlex.quote(value)}" for name, value in self.env.items()]
+        return " ".join([*prefix, self.shown])
 
     def lines(self, rank: int, start: str) -> list[str]:
         """The lines of ``rank``'s stdout that begin with ``start``."""
@@ -142,10 +151,12 @@ def run_script(
     if threads_per_worker is not None and threads_per_worker < 1:
         raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
     _fresh(folder)
-    env = dict(os.environ)
     threads = threads_per_worker or max(1, available_cores() // (world or 1))
-    env["OMP_NUM_THREADS"] = str(threads)
-    env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+    shown_env = {
+        "OMP_NUM_THREADS": str(threads),
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME") or loopback_interface(),
+    }
+    env = {**os.environ, **shown_env}
     if world is None:
         command = [sys.executable, str(script), *args]
     else:
@@ -170,7 +181,7 @@ def run_script(
         _stop(process)
         raise
     if world is None:
-        return ScriptRun(command, 1, folder, process.returncode, [out], [err], "")
+        return ScriptRun(command, 1, folder, process.returncode, [out], [err], "", shown_env)
     return ScriptRun(
         command,
         world,
@@ -179,4 +190,5 @@ def run_script(
         _rank_logs(folder, world, "stdout"),
         _rank_logs(folder, world, "stderr"),
         err,
+        shown_env,
     )
