@@ -57,16 +57,8 @@ resumes from the latest checkpoint, so that torchrun --max-restarts 1 survives a
 Without torchrun it runs one worker."""
 
 LOOPBACK_ADDRESSES = ("127.0.0.1", "localhost", "::1")
-TORCHRUN_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-)
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -398,10 +390,8 @@ def _print_results(
 
 if __name__ == "__main__":
     code = main()
-    # Leave without the interpreter's teardown. Under load, about one run in 25 of 2 workers
-    # (50 measured) aborted at that point on a non-zero rank, after its work was done and its
-    # group destroyed: "terminate called without an active exception", with no Python frame left
-    # (C++ static destructors racing a Gloo or store thread). Nothing is left to clean up here.
     sys.stdout.flush()
     sys.stderr.flush()
+    # No interpreter teardown: there, under load, 2 of 50 two-worker runs aborted on rank 1, its
+    # work done ("terminate called without an active exception", no Python frame left).
     os._exit(code)
