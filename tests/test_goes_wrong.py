@@ -333,13 +333,13 @@ def test_cost_is_time_times_cores_times_price():
     steps = pd.DataFrame({"setup": ["a", "b"], "workers": [1, 2], "threads": [1, 1],
                           "cores": [1, 2], "global_batch": [100, 100],
                           "step_seconds": [0.5, 0.3]})  # fmt: skip
-    epochs = pd.DataFrame({"global_batch": [100], "epochs": [2]})
+    reach = pd.DataFrame({"global_batch": [100], "steps": [20]})
     prices = cost.Prices(usd_per_core_hour=3.6, watts_per_core=10.0)
-    table = cost.cost_table(steps, epochs, n_samples=1000, prices=prices)
-    assert table["seconds"].tolist() == [2 * 10 * 0.5, 2 * 10 * 0.3]
+    table = cost.cost_table(steps, reach, prices=prices)
+    assert table["seconds"].tolist() == [20 * 0.5, 20 * 0.3]
     assert np.allclose(table["usd"], [10 * 1 * 3.6 / 3600, 6 * 2 * 3.6 / 3600])
     assert np.allclose(table["joules"], [10 * 10.0, 6 * 2 * 10.0])
-    never = cost.cost_table(steps, epochs.assign(epochs=np.inf), 1000, prices)
+    never = cost.cost_table(steps, reach.assign(steps=np.inf), prices)
     assert np.isinf(never["usd"]).all()
     assert cost.Setup(2, 1).name == "2 workers x 1 thread" and cost.Setup(1, 2).cores == 2
 
@@ -359,12 +359,26 @@ def test_timing_configs_train_every_step_they_divide_by_even_where_an_epoch_is_s
     assert len(run.losses) == 12 and all(loss > 0 for loss in run.losses)
 
 
+def test_the_count_is_where_the_moving_average_went_above_the_target_for_good():
+    assert cost.moving_average([0.5, 0.7, 0.9, 0.8]) == pytest.approx([0.7, 0.8])
+    assert cost.eval_every(64) == 32 and cost.eval_every(1024) == 2 and cost.eval_every(4096) == 1
+    runs = pd.DataFrame({"global_batch": [64, 64, 64, 256], "seed": [0, 1, 2, 0],
+                         "steps": [100, 300, np.inf, 40]})  # fmt: skip
+    summary = cost.steps_summary(runs).set_index("global_batch")
+    # the median with a seed that never held: finite while most seeds reached the target
+    assert summary.loc[64, ["steps", "fewest", "most"]].tolist() == [300, 100, np.inf]
+    assert summary.loc[64, "reached"] == 2 and summary.loc[64, "seeds"] == 3
+
+
 @pytest.mark.slow
-def test_epochs_to_target_stops_at_the_target_or_gives_inf():
-    reached = cost.epochs_to_target(1024, target=0.0, max_epochs=3, data="recordings")
-    assert reached["epochs"] == 1 and len(reached["accuracies"]) == 1
-    never = cost.epochs_to_target(2048, target=1.01, max_epochs=2, data="recordings")
-    assert never["epochs"] == np.inf and len(never["accuracies"]) == 2
+def test_steps_to_target_stops_once_the_count_held_or_gives_inf():
+    # target 0: the first moving average counts (the 3rd evaluation, step 6 at every 2 steps);
+    # the run stops at the 5th, 3 averages later and past 1.25 times the count
+    reached = cost.steps_to_target(1024, 0.0, seed=0, max_epochs=3, data="recordings")
+    assert reached["steps"] == 6 and reached["marks"] == [2, 4, 6, 8, 10]
+    assert all(0 <= a <= 1 for a in reached["accuracies"])
+    never = cost.steps_to_target(2048, target=1.01, seed=1, max_epochs=2, data="recordings")
+    assert never["steps"] == np.inf and never["marks"] == [1, 2, 3, 4, 5, 6]
 
 
 # --------------------------------------------------------------------------- every cell

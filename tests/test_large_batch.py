@@ -174,6 +174,17 @@ def test_a_rate_whose_first_seed_missed_runs_no_other_seed():
     assert not runs.set_index("lr").loc[1e-6, "reached"]  # seed 0 missed: seed 1 never ran
 
 
+def test_every_seed_at_top_runs_the_top_rates_other_seeds_after_one_missed():
+    """Whether the top rate of a grid loses then rests on every seed; lower rates keep the rule."""
+    data = tiny_data()
+    probe = train_to_target(data, 50, 0.2, 0, 0.0, 40, threads=1)
+    target = probe.losses[12]
+    runs = runs_to_target(data, [50], [1e-5, 1e-6], [0, 1], target, 50 * 30, threads=1,
+                          every_seed_at_top=True)  # fmt: skip
+    per_rate = runs.groupby("lr")["seed"].apply(list).to_dict()
+    assert per_rate == {1e-5: [0, 1], 1e-6: [0]} and not runs["reached"].any()
+
+
 def fake_runs() -> pd.DataFrame:
     rows = []
     for batch, lr, seed, reached, steps in [

@@ -1,13 +1,14 @@
 """What reaching an accuracy costs, in time, money and energy, on 1 or N workers (notebook 11).
 
 Every configuration here does the same training: DDP's N workers do what one worker does on the
-whole global batch (notebook 03), so the epochs needed to reach a target test accuracy depend on
-the global batch and the learning rate, not on how the work is split. ``epochs_to_target``
-trains in this process until the target is reached (the same training, without workers); the
+whole global batch (notebook 03), so the steps needed to reach a target test accuracy depend on
+the global batch and the learning rate, not on how the work is split. ``runs_to_target`` trains
+in this process, several seeds per batch, until a moving average of the test accuracy has stayed
+above the target (one seed's raw accuracy swings across it from one evaluation to the next); the
 seconds per step of each configuration are measured separately (``step_seconds``: a short timed
 run of each). Then, for each configuration and global batch::
 
-    time   = epochs * steps per epoch * seconds per step
+    time   = median steps over the seeds * seconds per step
     cost   = time * cores * price per core-hour / 3600
     energy = time * cores * watts per core
 
@@ -27,8 +28,9 @@ import pandas as pd
 import torch
 
 from helpers.data import load_har
+from helpers.experiments.large_batch.target import reordered, stays_below
 from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process, train_steps
-from helpers.training.config import epochs_for_min_steps, make_model, steps_per_epoch, total_steps
+from helpers.training.config import epochs_for_min_steps, make_model, total_steps
 from helpers.training.runs import torch_threads
 
 UNTIMED = 2  # steps before the clock starts (DDP builds its buckets at the first)
@@ -74,32 +76,79 @@ class Setup:
 
 
 class _Reached(Exception):
-    """Raised from the per-epoch evaluation to stop the training at the target."""
+    """Raised from the evaluation after a step to stop the training once its count has held."""
 
 
-def epochs_to_target(global_batch: int, target: float, max_epochs: int, lr: float = 0.05,
-                     data: str | None = None, threads: int = 1) -> dict:  # fmt: skip
-    """Train in this process, evaluating after each epoch, until the test accuracy reaches
-    ``target`` (or ``max_epochs`` pass): the epochs it took (``inf`` if never) and the
-    accuracy after each epoch."""
+EVAL_SAMPLES = 2048  # training samples between two evaluations: about 3.6 an epoch at any batch
+WINDOW = 3  # evaluations the moving average spans: about 6,000 samples, under an epoch
+HOLD = 1.25  # a count stands once its average has stayed above the target for 25% more steps
+
+
+def eval_every(global_batch: int) -> int:
+    """Steps between two evaluations: ``EVAL_SAMPLES`` samples' worth, at least 1."""
+    return max(1, round(EVAL_SAMPLES / global_batch))
+
+
+def moving_average(values: Sequence[float], window: int = WINDOW) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it, from the ``window``-th value on
+    (shorter averages would swing as much as the values)."""
+    return [sum(values[i - window + 1 : i + 1]) / window for i in range(window - 1, len(values))]
+
+
+def steps_to_target(global_batch: int, target: float, seed: int, max_epochs: int,
+                    lr: float = 0.05, data: str | None = None, threads: int = 1,
+                    hold: float = HOLD) -> dict:  # fmt: skip
+    """Train seed ``seed`` in this process (its own initial weights and data order, as notebook
+    06's runs), evaluating the test accuracy every ``eval_every(global_batch)`` steps. The count
+    is the first evaluation from which the moving average of the last ``WINDOW`` accuracies
+    stays at or above ``target``; the run stops once that has held for ``hold`` times its steps
+    and ``WINDOW`` evaluations, or after ``max_epochs``. ``steps``: the count (``inf`` if none
+    held), with every evaluation's step and accuracy."""
     har = load_har(data)
-    X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
+    X, y = reordered(har, seed)
     X_test, y_test = torch.from_numpy(har.X_test), torch.from_numpy(har.y_test)
-    config = TrainConfig(global_batch=global_batch, epochs=max_epochs, lr=lr, data=har.source)
-    accuracies: list[float] = []
+    config = TrainConfig(global_batch=global_batch, epochs=max_epochs, lr=lr, seed=seed,
+                         data=har.source)  # fmt: skip
+    every, marks, accuracies = eval_every(global_batch), [], []
 
-    def evaluate(model: torch.nn.Module) -> float:
-        accuracies.append(accuracy(model, X_test, y_test))
-        if accuracies[-1] >= target:
-            raise _Reached
-        return accuracies[-1]
+    def count() -> int | None:  # accuracy above the target is -accuracy below -target
+        smoothed = [-a for a in moving_average(accuracies)]
+        return stays_below(marks[WINDOW - 1 :], smoothed, -target, hold, WINDOW)
+
+    def evaluate(step: int, model: torch.nn.Module, _optimizer: torch.optim.Optimizer) -> None:
+        if step % every == 0:
+            marks.append(step)
+            accuracies.append(accuracy(model, X_test, y_test))
+            if count() is not None:
+                raise _Reached
 
     with torch_threads(threads), contextlib.suppress(_Reached):
-        torch.manual_seed(config.seed)
-        train_steps(make_model(config), X, y, config, evaluate=evaluate)
-    reached = accuracies[-1] >= target if accuracies else False
-    return {"global_batch": global_batch, "epochs": len(accuracies) if reached else math.inf,
+        torch.manual_seed(seed)
+        train_steps(make_model(config), X, y, config, after_step=evaluate)
+    held = count()
+    return {"global_batch": global_batch, "seed": seed,
+            "steps": math.inf if held is None else held, "marks": marks,
             "accuracies": accuracies}  # fmt: skip
+
+
+def runs_to_target(global_batches: Sequence[int], seeds: Sequence[int], target: float,
+                   max_epochs: int, data: str | None = None, threads: int = 1) -> pd.DataFrame:
+    """``steps_to_target`` for every global batch and seed: one row per run."""
+    return pd.DataFrame([steps_to_target(b, target, seed, max_epochs, data=data, threads=threads)
+                         for b in global_batches for seed in seeds])  # fmt: skip
+
+
+def steps_summary(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per global batch, the seeds' steps to the target: their median (``steps``, what the costs
+    use: finite while most seeds reached it), fewest and most, and how many seeds reached it."""
+    by_batch = runs.groupby("global_batch")["steps"]
+    return pd.DataFrame({
+        "steps": by_batch.median(),
+        "fewest": by_batch.min(),
+        "most": by_batch.max(),
+        "reached": by_batch.apply(lambda s: int(s.map(math.isfinite).sum())),
+        "seeds": by_batch.size(),
+    }).reset_index()  # fmt: skip
 
 
 def timing_configs(global_batches: Sequence[int], n_samples: int, steps: int = 12,
@@ -132,14 +181,13 @@ def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: 
     return pd.DataFrame(rows)
 
 
-def cost_table(steps: pd.DataFrame, epochs: pd.DataFrame, n_samples: int,
+def cost_table(steps: pd.DataFrame, reach: pd.DataFrame,
                prices: Prices = Prices()) -> pd.DataFrame:  # fmt: skip
     """Time, cost and energy to the target for every setup and global batch: ``steps`` from
-    ``step_seconds``, ``epochs`` with columns global_batch and epochs (from
-    ``epochs_to_target``). A batch that never reached the target gets ``inf`` throughout."""
-    table = steps.merge(epochs[["global_batch", "epochs"]], on="global_batch")
-    per_epoch = table["global_batch"].map(lambda b: steps_per_epoch(n_samples, b))
-    seconds = table["epochs"] * per_epoch * table["step_seconds"]
+    ``step_seconds``, ``reach`` with columns global_batch and steps (the steps to the target,
+    ``steps_summary``). A batch that never reached the target gets ``inf`` throughout."""
+    table = steps.merge(reach[["global_batch", "steps"]], on="global_batch")
+    seconds = table["steps"] * table["step_seconds"]
     core_seconds = seconds * table["cores"]
     return table.assign(
         seconds=seconds,
@@ -147,4 +195,3 @@ def cost_table(steps: pd.DataFrame, epochs: pd.DataFrame, n_samples: int,
         usd=core_seconds / 3600 * prices.usd_per_core_hour,
         joules=core_seconds * prices.watts_per_core,
     )
-

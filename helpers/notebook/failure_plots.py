@@ -1,7 +1,7 @@
 """Notebook 11's figures: a per-rank step timeline with a straggler, the expected slowdown of a
-synchronous step with more workers, the windows a sharded evaluation miscounts, and time
-against cost to a target accuracy. Each returns
-its figure; the notebook calls ``plt.show()``."""
+synchronous step with more workers, the windows a sharded evaluation miscounts, the test accuracy
+of each run to a target and how its count is read, and time against cost to that target. Each
+returns its figure; the notebook calls ``plt.show()``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
+
+from helpers.experiments.cost import WINDOW, moving_average
 
 _PARTS = {  # column of helpers.experiments.straggler.step_table: (label, colour, hatch)
     "compute": ("forward + backward", "C0", None),
@@ -136,3 +138,32 @@ def plot_miscounted(rows: list[dict], source: str) -> Figure:
     ax.set_title(f"What a sharded evaluation miscounts\n{source}", fontsize=10)
     return fig
 
+
+def plot_runs_to_target(runs: pd.DataFrame, target: float, n_samples: int, banner: str) -> Figure:
+    """One panel per global batch (``helpers.experiments.cost.runs_to_target``): each seed's
+    test accuracy at every evaluation (thin), its moving average (thick) and its count (a dot,
+    where the average went above ``target`` for good), against epochs of ``n_samples``."""
+    batches = sorted(runs["global_batch"].unique())
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.8), sharey=True,
+                             squeeze=False)  # fmt: skip
+    for ax, batch in zip(axes[0], batches, strict=True):
+        for k, run in enumerate(runs[runs["global_batch"] == batch].itertuples()):
+            epochs = np.asarray(run.marks) * batch / n_samples
+            ax.plot(epochs, run.accuracies, color=f"C{k}", alpha=0.35, linewidth=0.8)
+            ax.plot(epochs[WINDOW - 1 :], moving_average(run.accuracies), color=f"C{k}",
+                    linewidth=2, label=f"seed {run.seed}")  # fmt: skip
+            if math.isfinite(run.steps):
+                at = list(run.marks).index(run.steps)
+                ax.plot(epochs[at], moving_average(run.accuracies)[at - WINDOW + 1], "o",
+                        color=f"C{k}", markeredgecolor="black")  # fmt: skip
+        ax.axhline(target, color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"global batch {batch}", fontsize=9)
+        ax.set_xlabel("epochs")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    axes[0][0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"Thin: each evaluation; thick: the mean of the last {WINDOW}; dot: the count, "
+                 f"from which that mean stayed at or above {target:.0%}\n{banner}",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    return fig

@@ -220,6 +220,7 @@ def runs_to_target(
     threads: int = 2,
     hold: float = 1.0,
     evals: int = 1,
+    every_seed_at_top: bool = False,
 ) -> pd.DataFrame:
     """Every (batch, rate, seed), each run stopped at the target or at ``max_samples`` samples.
     ``lrs``: the rates, in the order run, the same at every batch or a batch's own grid
@@ -230,7 +231,8 @@ def runs_to_target(
       2 seeds the median is their mean, so a seed over twice the best median cannot make its
       rate the best (``slack = 2``; with more seeds, slack is a judgement);
     * a rate's other seeds are not run once one seed missed the target: the best rate needs
-      every seed there (``best_per_batch``);
+      every seed there (``best_per_batch``). With ``every_seed_at_top``, a grid's top rate runs
+      every seed even so: that the top rate loses then rests on every seed, not the first;
     * a rate is skipped below a lower rate than the best that lost to it (plain SGD at a rate
       smaller still only takes more steps), or above a rate where a seed diverged.
 
@@ -258,7 +260,7 @@ def runs_to_target(
                 )
                 rows.append(run.__dict__)
                 diverging += [lr] if run.diverged else []
-                if not run.reached:
+                if not run.reached and not (every_seed_at_top and lr == max(grid)):
                     break  # this rate cannot be the best: its other seeds would be wasted
                 counts.append(run.steps)
             reached = len(counts) == len(seeds)
