@@ -201,7 +201,10 @@ def test_first_ddp_run_of_03_from_the_browser(lab, browser, lab_root):
         code = [i for i, c in enumerate(committed.cells) if c.cell_type == "code"]
         assert ran == [i for i in code if i <= training]
         assert mismatches(saved, committed, upto=training) == []
-        assert most_workers == 2, f"at most {most_workers} workers seen under the kernel"
+        # experiment 1's largest world size, run oversubscribed where the cores are fewer
+        [sizes] = re.findall(r"plan_world_sizes\(\[([\d, ]+)\]", committed_source(committed))
+        largest = max(int(n) for n in sizes.split(","))
+        assert most_workers == largest, f"at most {most_workers} workers seen under the kernel"
         assert spawned_workers(kernel) == [], "workers left after the training"
 
 
@@ -302,3 +305,8 @@ def test_student_edition_check_says_what_to_do(student_01):
     assert not re.fullmatch(r"NameError: name '\w+' is not defined", message), (
         f"cell {index}: {message}"
     )
+
+
+def committed_source(nb) -> str:  # noqa: ANN001
+    """Every code cell's source, one text."""
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
