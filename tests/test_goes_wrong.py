@@ -57,14 +57,19 @@ def test_left_behind_sees_a_process_and_a_socket_it_did_not_see_before():
 
 def test_tagged_finds_a_process_by_its_environment_wherever_it_is():
     tag = leftovers.new_tag()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                             env={**os.environ, **tag})  # fmt: skip
+    script = "import time; print('up', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, **tag},
+                             stdout=subprocess.PIPE)  # fmt: skip
     try:
+        # Popen returns once the child's exec has closed its descriptors, which the kernel does
+        # before it sets up the new environment: wait until the child has run a line of Python.
+        assert child.stdout.readline() == b"up\n"
         assert leftovers.tagged(tag) == [child.pid]
         assert leftovers.tagged(leftovers.new_tag()) == []
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
     assert leftovers.tagged(tag) == []
     with pytest.raises(ValueError, match="one tag"):
         leftovers.tagged({**tag, "OTHER": "x"})
