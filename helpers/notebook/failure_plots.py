@@ -150,12 +150,13 @@ def plot_runs_to_target(runs: pd.DataFrame, target: float, n_samples: int, banne
         for k, run in enumerate(runs[runs["global_batch"] == batch].itertuples()):
             epochs = np.asarray(run.marks) * batch / n_samples
             ax.plot(epochs, run.accuracies, color=f"C{k}", alpha=0.35, linewidth=0.8)
-            ax.plot(epochs[WINDOW - 1 :], moving_average(run.accuracies), color=f"C{k}",
-                    linewidth=2, label=f"seed {run.seed}")  # fmt: skip
+            smoothed = moving_average(run.accuracies)  # from the WINDOW-th evaluation on
+            ax.plot(epochs[WINDOW - 1 :], smoothed, color=f"C{k}", linewidth=2,
+                    label=f"seed {run.seed}")  # fmt: skip
             if math.isfinite(run.steps):
                 at = list(run.marks).index(run.steps)
-                ax.plot(epochs[at], moving_average(run.accuracies)[at - WINDOW + 1], "o",
-                        color=f"C{k}", markeredgecolor="black")  # fmt: skip
+                ax.plot(epochs[at], smoothed[at - WINDOW + 1], "o", color=f"C{k}",
+                        markeredgecolor="black")  # fmt: skip
         ax.axhline(target, color="black", linestyle="--", linewidth=1)
         ax.set_title(f"global batch {batch}", fontsize=9)
         ax.set_xlabel("epochs")
