@@ -45,6 +45,8 @@ def test_steal_is_the_eighth_number_of_the_cpu_line(tmp_path: Path):
     stat = tmp_path / "stat"
     stat.write_text("cpu  1510466 137 180615 958132 5785 0 4676 7634 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
     assert steal_seconds(stat) == 7634 / os.sysconf("SC_CLK_TCK")
+    stat.write_text("cpu  1510466 137 180615 958132 5785 0 4676\n")  # before Linux 2.6.11
+    assert steal_seconds(stat) is None
     stat.write_text("intr 1 2 3\n")
     assert steal_seconds(stat) is None  # not a cpu line: unreadable, not zero
     assert steal_seconds(tmp_path / "missing") is None

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.dist.cores import pin_threads
+from helpers.dist.cpu_time import STAT, cpu_ticks, read_stat
 from helpers.dist.launch import launch
 
 # Stops by itself when the process that started it is gone, so a killed notebook leaves no
@@ -87,18 +88,14 @@ def _name(tid: int) -> str:
         return "?"
 
 
-def steal_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+def steal_seconds(stat: Path = STAT) -> float | None:
     """Steal time so far, summed over this machine's CPUs, in seconds: on a virtual machine, the
     time its virtual CPUs had a thread to run while the hypervisor ran something else (the 8th
     number of ``/proc/stat``'s ``cpu`` line, in ``USER_HZ`` ticks). 0 on bare metal; ``None``
     where unreadable (not Linux)."""
-    try:
-        fields = stat.read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    if len(fields) < 9 or fields[0] != "cpu":
-        return None
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    text = read_stat(stat)
+    ticks = cpu_ticks(text) if text is not None else {}
+    return ticks["steal"] / os.sysconf("SC_CLK_TCK") if ticks else None
 
 
 def _set_condition(rank: int, pinned: bool, everywhere: set[int], can_pin: bool) -> None:

@@ -16,6 +16,7 @@ from helpers.dist.cores import (
     thread_policy_note,
     threads_per_core,
 )
+from helpers.dist.cpu_time import STAT, cpu_ticks, read_stat
 
 
 def cpu_model() -> str:
@@ -52,43 +53,30 @@ def load_text() -> str:
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min), on {machine_cores()} core(s)"
 
 
-# /proc/stat's columns that count a CPU's time (user nice system idle iowait irq softirq steal);
-# guest time is already inside user and nice. Idle is idle plus iowait: nothing ran.
-_TIME_COLUMNS, _IDLE_COLUMNS = 8, (3, 4)
-
-
 def idle_between(before: str, after: str, cpus: set[int] | None = None) -> float:
     """The share of the CPUs' time that was idle between two readings of ``/proc/stat``: over
-    the ``cpu<N>`` lines of ``cpus``, or the all-CPU ``cpu`` line where ``cpus`` is None."""
-    names = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
-
-    def ticks(text: str) -> tuple[int, int]:
-        idle = total = 0
-        for line in text.splitlines():
-            fields = line.split()
-            if fields and fields[0] in names:
-                counts = [int(x) for x in fields[1 : 1 + _TIME_COLUMNS]]
-                idle += sum(counts[i] for i in _IDLE_COLUMNS)
-                total += sum(counts)
-        return idle, total
-
-    (idle0, total0), (idle1, total1) = ticks(before), ticks(after)
-    if total1 <= total0:
+    the ``cpu<N>`` lines of ``cpus``, or the all-CPU ``cpu`` line where ``cpus`` is None. Idle
+    is idle plus iowait (nothing ran); stolen time counts as busy."""
+    first, last = cpu_ticks(before, cpus), cpu_ticks(after, cpus)
+    passed = sum(last.values()) - sum(first.values())
+    if passed <= 0:
         raise ValueError("the two /proc/stat readings show no time passing on those CPUs: "
                          "read the second one later, and name CPUs the file lists")  # fmt: skip
-    return (idle1 - idle0) / (total1 - total0)
+    idle = sum(last[c] - first[c] for c in ("idle", "iowait"))
+    return idle / passed
 
 
-def idle_share(seconds: float = 0.5, stat: Path = Path("/proc/stat")) -> float | None:
+def idle_share(seconds: float = 0.5, stat: Path = STAT) -> float | None:
     """How idle this process's CPUs are now: the share of their time in which nothing ran, over
     ``seconds``. Unlike the load average, which lags by about a minute, it says what other
     programs are doing right before a timing. ``None`` where ``/proc/stat`` is unreadable
     (not Linux)."""
-    try:
-        before = stat.read_text()
-        time.sleep(seconds)
-        after = stat.read_text()
-    except OSError:
+    before = read_stat(stat)
+    if before is None:
+        return None
+    time.sleep(seconds)
+    after = read_stat(stat)
+    if after is None:
         return None
     cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     return idle_between(before, after, cpus)
