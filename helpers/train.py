@@ -339,11 +339,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _set_up(env, run)
     _join(env, backend_for(run.device))
+    failure = None
     try:
         reports = _train(env, run)
     except CheckpointError as err:  # every rank raises it alike, at the same step
+        failure = str(err)
+    # Only out here, the traceback freed, is the DDP model gone: its reducer must not hold the
+    # group's last reference when _leave drops the group's name, or freeing the model destroys
+    # the group with the GIL held, and that waits for Gloo's threads, one of which may need the
+    # GIL to free a collective's tensors: a hang (pytorch/pytorch#56297; seen once here under
+    # load, an error raised just after DDP's first broadcast).
+    if failure is not None:
         if lead:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {failure}", file=sys.stderr)
         _leave()
         return 2
     # Any other error propagates with its traceback, the group left as it is: destroying it

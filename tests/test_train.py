@@ -3,6 +3,7 @@ surviving a killed worker; the scheduler files run the same command."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 import yaml
+from torch.nn.parallel import DistributedDataParallel
 
 from helpers import train
 from helpers.dist import cluster
@@ -229,6 +231,23 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_one_line(capsys, monkeypatch
     assert train.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot write checkpoints in /proc/nope") and "\n" not in err, err
+
+
+def test_a_checkpoint_error_frees_the_ddp_model_before_the_group(monkeypatch):
+    """A reducer that outlives the group's name destroys the group when it is freed, with the GIL
+    held: a hang if one of Gloo's threads still needs the GIL (pytorch/pytorch#56297)."""
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    real, alive = dist.destroy_process_group, []
+
+    def counting(*args, **kwargs):
+        alive.append(sum(type(o) is DistributedDataParallel for o in gc.get_objects()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", counting)
+    argv = ["--checkpoint-dir", "/proc/nope", "--global-batch", "4096", "--data", "recordings"]
+    assert train.main(argv) == 2
+    assert alive == [0], f"DDP models alive when the group was destroyed: {alive}"
 
 
 @pytest.fixture
