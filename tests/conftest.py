@@ -28,6 +28,15 @@ def har_environment(monkeypatch: pytest.MonkeyPatch, session_har_root: Path) -> 
         monkeypatch.setenv("HAR_DATA", "recordings")
 
 
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Every figure a test draws is closed after it: pyplot keeps them all otherwise (the
+    memory of hundreds, and matplotlib's warning past 20)."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
 @pytest.fixture
 def namespaces() -> None:
     """Skip, with the reason, where this process cannot create network namespaces. Checked when
