@@ -344,11 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         reports = _train(env, run)
     except CheckpointError as err:  # every rank raises it alike, at the same step
         failure = str(err)
-    # Only out here, the traceback freed, is the DDP model gone: its reducer must not hold the
-    # group's last reference when _leave drops the group's name, or freeing the model destroys
-    # the group with the GIL held, and that waits for Gloo's threads, one of which may need the
-    # GIL to free a collective's tensors: a hang (pytorch/pytorch#56297; seen once here under
-    # load, an error raised just after DDP's first broadcast).
+    # Out here the traceback, and the DDP model it holds, is freed before _leave: a reducer left
+    # holding the group destroys it with the GIL held, a hang (pytorch/pytorch#56297; seen here).
     if failure is not None:
         if lead:
             print(f"error: {failure}", file=sys.stderr)
@@ -398,8 +395,6 @@ def _print_results(
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # No interpreter teardown: there, under load, 2 of 50 two-worker runs aborted on rank 1, its
-    # work done ("terminate called without an active exception", no Python frame left).
-    os._exit(code)
+    sys.stdout.flush(), sys.stderr.flush()
+    # No interpreter teardown: there, under load, 2 of 50 two-worker runs aborted on rank 1
+    os._exit(code)  # ("terminate called without an active exception", no Python frame left)
