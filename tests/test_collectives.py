@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import collective_workers
 import numpy as np
@@ -74,6 +75,8 @@ def test_collectives_tour_gives_every_rank_what_each_collective_must(world: int)
         assert got["broadcast"] == [1.0, 2.0, 3.0]
         assert got["all_gather"] == [10.0 * r for r in range(world)]
         assert got["recv_from_left"] == 100.0 * ((rank - 1) % world)
+    pids = {got["pid"] for got in tour}  # one process per rank, none of them this one
+    assert len(pids) == world and os.getpid() not in pids
 
 
 def test_fit_recovers_alpha_and_beta_exactly_without_noise():

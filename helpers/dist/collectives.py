@@ -14,6 +14,7 @@ not reach a notebook under test (nbval), and returned values can be checked by t
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +36,9 @@ def collectives_tour(rank: int, world_size: int) -> dict[str, Any]:
       order;
     * ``send`` / ``recv`` around a ring: each rank sends ``100 * rank`` to its right neighbour and
       receives from its left one.
+
+    ``pid`` is the process's id, so that the caller can see that every rank ran in a process of
+    its own.
     """
     summed = torch.tensor([float(rank + 1)])
     dist.all_reduce(summed, op=dist.ReduceOp.SUM)
@@ -70,6 +74,7 @@ def collectives_tour(rank: int, world_size: int) -> dict[str, Any]:
         "broadcast": shared.tolist(),
         "all_gather": [t.item() for t in gathered],
         "recv_from_left": received.item(),
+        "pid": os.getpid(),
     }
 
 
