@@ -350,6 +350,20 @@ def test_cost_is_time_times_cores_times_price():
 
 
 
+@pytest.mark.slow
+def test_step_seconds_reads_the_all_reduces_of_a_step_from_ddps_own_log():
+    """Notebook 11 counts a step's all-reduces from what DDP logged, one per bucket: 2 for the
+    MLP (its first bucket past the 1 MB cap, then the rest), none for a worker alone."""
+    from helpers.dist.buckets import bucket_plan
+
+    timed = cost.step_seconds([cost.Setup(1, 1), cost.Setup(2, 1)], [256], steps=3,
+                              data="recordings")  # fmt: skip
+    alone, ddp = timed["buckets"]
+    assert alone == []
+    assert len(ddp) == len(bucket_plan(make_mlp())) == 2
+    assert sum(ddp) == sum(p.numel() * 4 for p in make_mlp().parameters())
+
+
 def test_timing_configs_train_every_step_they_divide_by_even_where_an_epoch_is_short():
     from dataclasses import replace
 

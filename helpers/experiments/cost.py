@@ -29,6 +29,7 @@ import torch
 
 from helpers.data import load_har
 from helpers.experiments.large_batch.target import reordered, stays_below
+from helpers.experiments.scaling import StepFacts
 from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process, train_steps
 from helpers.training.config import epochs_for_min_steps, make_model, total_steps
 from helpers.training.runs import torch_threads
@@ -164,7 +165,9 @@ def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: 
                  data: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Seconds per step of each setup at each global batch: ``steps`` steps, the first
     ``UNTIMED`` off the clock. One worker runs in this process; N workers in one launch (all
-    batches one after the other). Columns: workers, threads, cores, global_batch, step_seconds."""
+    batches one after the other). Columns: workers, threads, cores, global_batch, step_seconds,
+    and buckets: the bytes of each bucket DDP all-reduces a step, as DDP logged them (``StepFacts``,
+    rank 0's; empty for one worker), so that the all-reduces a step makes are read, not assumed."""
     har = load_har(data)
     rows = []
     for setup in setups:
@@ -172,12 +175,14 @@ def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: 
         if setup.workers == 1:
             runs = [train_in_process(c, threads=setup.threads) for c in configs]
         else:
-            runs = run_trainings(setup.workers, configs, threads_per_worker=setup.threads)
+            runs = run_trainings(setup.workers, configs, threads_per_worker=setup.threads,
+                                 probe=StepFacts())
         for config, run in zip(configs, runs, strict=True):
             timed = total_steps(config, len(har.y_train)) - UNTIMED
+            buckets = run.probes[0]["buckets"] if setup.workers > 1 else []
             rows.append({"setup": setup.name, "workers": setup.workers, "threads": setup.threads,
                          "cores": setup.cores, "global_batch": config.global_batch,
-                         "step_seconds": run.seconds / timed})  # fmt: skip
+                         "step_seconds": run.seconds / timed, "buckets": buckets})  # fmt: skip
     return pd.DataFrame(rows)
 
 
