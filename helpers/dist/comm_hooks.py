@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # its buckets after the first step, and PyTorch requires at least 2 so that compression starts on
 # the final buckets: the earliest start, which short timings use.
 POWERSGD_START_ITER = 2
-POWERSGD_WARMUP_SHARE = 0.1  # PowerSGDState's docs: start compressing at about 10% of the steps
+POWERSGD_WARMUP_SHARE = 0.1  # PowerSGDState's docs: start tuning from 10% of the steps
 POWERSGD_MIN_COMPRESSION_RATE = 2  # PyTorch's default: a matrix is compressed only if it pays 2x
 MIB = 1024 * 1024
 
@@ -98,9 +98,10 @@ Hook = Callable[[object, dist.GradBucket], torch.futures.Future[torch.Tensor]]
 
 
 def powersgd_start_iter(total_steps: int) -> int:
-    """The step at which PowerSGD starts compressing, as PyTorch's ``PowerSGDState`` docs advise:
-    about 10% of the training's steps of plain all-reduce first (early training is sensitive to
-    inexact gradients), and never before step 2 (DDP's buckets are rebuilt after step 1)."""
+    """The step at which PowerSGD starts compressing: 10% of the training's steps, the value
+    PyTorch's ``PowerSGDState`` docs suggest to *start* tuning from ("and increase it until a
+    satisfactory accuracy is reached": early training is sensitive to inaccurate gradients), and
+    never before step 2 (DDP's buckets are rebuilt after step 1). Not tuned here."""
     return max(POWERSGD_START_ITER, round(POWERSGD_WARMUP_SHARE * total_steps))
 
 

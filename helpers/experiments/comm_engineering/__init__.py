@@ -12,6 +12,8 @@
 * the knob study (``time_knobs``): pinning, ``gradient_as_bucket_view``, ``static_graph``, one
   bucket, fp16, each alone and combined, against the ceiling measured with silent workers, and
   one DDP step profiled beside a silent one (``profile_table``);
+* what a hook's compression costs: PyTorch's own hooks, timed in this process on a group of one
+  (``time_hooks``, ``compression_seconds``);
 * the activations autograd keeps for backward, counted (``activation_bytes``) and seen
   (``saved_activation_bytes``).
 
@@ -26,6 +28,7 @@ from helpers.dist.comm_hooks import collectives_per_bucket
 from helpers.experiments.comm_engineering.compression import (
     best_within_tolerance,
     compression_seconds,
+    time_hooks,
     train_hooks,
 )
 from helpers.experiments.comm_engineering.knobs import (
@@ -100,5 +103,5 @@ __all__ = [
     "overlap_table", "pytorch_records", "record_timelines", "saved_activation_bytes",
     "scaled_compute", "share_bracket", "goal_verdict",
     "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",
-    "timing_config", "timing_rows", "timing_worker", "train_hooks",
+    "time_hooks", "timing_config", "timing_rows", "timing_worker", "train_hooks",
 ]  # fmt: skip

@@ -1,20 +1,29 @@
-"""What compression costs and what it keeps: a hook's compute per step, measured alone (the
-casts of fp16, PowerSGD's products and orthogonalisation), the same training under each hook, and
-the fastest variant whose accuracy stays within a tolerance of the reference."""
+"""What compression costs and what it keeps: PyTorch's own hooks timed in this process (each
+hook's call, to its future's completion, against ``allreduce_hook``'s), the same training under
+each hook, and the fastest variant whose accuracy stays within a tolerance of the reference."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 
 import pandas as pd
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.data import load_har
-from helpers.dist.comm_hooks import CommHook, powersgd_start_iter
-from helpers.experiments.comm_engineering.variants import Variant
+from helpers.dist.comm_hooks import (
+    POWERSGD_START_ITER,
+    CommHook,
+    check_hook,
+    hook_and_state,
+    powersgd_start_iter,
+)
+from helpers.experiments.comm_engineering.variants import ONE_BUCKET_MB, UNTIMED_STEPS, Variant
 from helpers.training import (
     RunResult,
     TrainConfig,
@@ -24,58 +33,66 @@ from helpers.training import (
 from helpers.training.config import total_steps
 from helpers.training.model import make_mlp
 
-# --------------------------------------------------------------------------- memory and compression
+# --------------------------------------------------------------------------- compression's compute
+
+
+def time_hooks(
+    hooks: Sequence[CommHook], matrix_rank: int = 1, repeats: int = 5,
+    model: nn.Module | None = None,
+) -> tuple[dict[CommHook, list[float]], dict[CommHook, object]]:
+    """Seconds of each of PyTorch's hooks per call, from the call to its future's completion
+    (PowerSGD's products run in the callbacks it chains), on ``repeats`` steps after
+    ``UNTIMED_STEPS`` (DDP's rebuild; PowerSGD compresses from step 2), and each hook's state.
+    DDP on one bucket, in this process alone in a Gloo group of one, so that each all-reduce
+    is trivial; one thread; the hooks' steps interleaved, so that a burst of load hits all."""
+    if dist.is_initialized():
+        raise RuntimeError("time_hooks makes a process group of its own: call it outside one "
+                           "(dist.destroy_process_group() first)")  # fmt: skip
+    for hook in hooks:
+        check_hook(hook, n_buckets=1)
+    calls: dict[CommHook, list[float]] = {hook: [] for hook in hooks}
+    states: dict[CommHook, object] = {}
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        models = []
+        for hook in hooks:
+            torch.manual_seed(0)
+            module = make_mlp() if model is None else copy.deepcopy(model)  # one per hook
+            ddp = DDP(module, bucket_cap_mb=ONE_BUCKET_MB)
+            fn, states[hook] = hook_and_state(hook, matrix_rank, POWERSGD_START_ITER)
+
+            def timed(state, bucket, fn=fn, log=calls[hook]):  # noqa: ANN001, ANN202
+                start = time.perf_counter()
+                future = fn(state, bucket)  # PyTorch's hook, as DDP would call it
+                future.wait()
+                log.append(time.perf_counter() - start)
+                return future
+
+            ddp.register_comm_hook(states[hook], timed)
+            models.append(ddp)
+        x = torch.randn(32, next(models[0].parameters()).shape[1])
+        with torch_threads(1):
+            for _ in range(UNTIMED_STEPS + repeats):
+                for ddp in models:
+                    ddp(x).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    return {hook: log[UNTIMED_STEPS:] for hook, log in calls.items()}, states
 
 
 def compression_seconds(
     hook: CommHook, matrix_rank: int = 1, repeats: int = 5, model: nn.Module | None = None
 ) -> float:
-    """One worker's compute per step for a hook's compression, measured in this process on
-    one thread (the fastest of ``repeats``: the compute itself, without what other programs took
-    from it): the casts of FP16/BF16, or PowerSGD's products
-    ``P = M Q``, ``Q = M^T P`` and ``M ~ P Q^T`` with its orthogonalisation and error feedback,
-    for every gradient matrix it compresses, each ``Q`` drawn once and reused from call to call,
-    as the hook's ``warm_start`` does. Zero for ``ALLREDUCE``."""
-    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
-
+    """One worker's compute per step for a hook's compression: PyTorch's hook timed by
+    ``time_hooks`` less ``allreduce_hook`` timed alike (the fastest of ``repeats`` each: the
+    compute itself, without what other programs took from it). What is left is the hook's own
+    work: fp16's casts, or PowerSGD's products, orthogonalisation, error feedback and copies,
+    with its extra calls' dispatch. At least 0 (noise can reverse a tiny gap); 0 for
+    ``ALLREDUCE``."""
     if hook is CommHook.ALLREDUCE:
         return 0.0
-    model = model or make_mlp()
-    grads = [torch.randn(p.shape) for p in model.parameters()]
-    flat = torch.cat([g.ravel() for g in grads])
-    error = torch.zeros_like(flat)
-    warm: dict[int, torch.Tensor] = {}  # each matrix's last Q, as PowerSGDState keeps it
-
-    def powersgd() -> None:
-        flat.add_(error)  # error feedback in
-        copy = flat.clone()
-        for i, g in enumerate(grads):
-            if g.dim() < 2:
-                continue
-            m = g.view(g.shape[0], -1)
-            r = min(*m.shape, matrix_rank)
-            if m.numel() <= (sum(m.shape) * r) * 2:
-                continue
-            q = warm.setdefault(i, torch.randn(1, m.shape[1], r))
-            p = torch.bmm(m.unsqueeze(0), q)
-            _orthogonalize(p)  # Gram-Schmidt for r <= 2, torch.linalg.qr above
-            torch.bmm(m.t().unsqueeze(0), p, out=q)
-            m.copy_(torch.bmm(p, q.transpose(1, 2))[0])
-        torch.sub(copy, flat, out=error)  # error feedback out
-
-    def cast() -> None:
-        dtype = torch.float16 if hook is CommHook.FP16 else torch.bfloat16
-        flat.copy_(flat.to(dtype).div_(2))
-
-    work = powersgd if hook is CommHook.POWER_SGD else cast
-    with torch_threads(1):
-        work()  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            work()
-            times.append(time.perf_counter() - start)
-    return min(times)
+    calls, _ = time_hooks([CommHook.ALLREDUCE, hook], matrix_rank, repeats, model)
+    return max(0.0, min(calls[hook]) - min(calls[CommHook.ALLREDUCE]))
 
 
 # --------------------------------------------------------------------------- accuracy
@@ -85,7 +102,7 @@ def train_hooks(
     variants: Sequence[Variant], base: TrainConfig, world: int = 2, threads_per_worker: int = 1
 ) -> list[RunResult]:
     """The same training under each variant, in one launch, final weights returned; PowerSGD
-    compresses after about 10% of the training's steps, as PyTorch advises
+    compresses after 10% of the training's steps, where PyTorch's docs suggest to start tuning
     (``comm_hooks.powersgd_start_iter``)."""
     n_samples = len(load_har(base.data, download=False).X_train)
     start = powersgd_start_iter(total_steps(base, n_samples))
