@@ -39,6 +39,7 @@ from helpers.experiments.memory import (
     rss_bytes,
     state_bytes,
 )
+from helpers.experiments.step_accounting import median_step_faults, minor_faults
 from helpers.training import (
     Probe,
     RunResult,
@@ -155,6 +156,7 @@ class ShardingProbe(Probe):
     held: dict[str, int] = field(default_factory=dict)
     peak_growth: int = 0
     step_times: list[float] = field(default_factory=list)
+    step_faults: list[int] = field(default_factory=list)  # minor page faults, at the same marks
     calls: list[tuple[str, int]] = field(default_factory=list)
     _counter: CollectiveCounter | None = None
 
@@ -167,17 +169,18 @@ class ShardingProbe(Probe):
         self.exact_peak = reset_peak_rss()
         self.baseline_rss = rss_bytes() if self.exact_peak else peak_rss_bytes()
         self.peak_rss, self.modules = self.baseline_rss, [len(sys.modules)]
-        self.step_times = [time.perf_counter()]
+        self.step_times, self.step_faults = [time.perf_counter()], [minor_faults()]
 
     def ready(self, model: nn.Module) -> None:
         """The model is built and wrapped, nothing trained yet: what the setup added."""
         self.setup_rss = rss_bytes()
         self.modules.append(len(sys.modules))
-        self.step_times = [time.perf_counter()]
+        self.step_times, self.step_faults = [time.perf_counter()], [minor_faults()]
 
     def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """After step ``step`` (counted from 1): memory, the budget, the collectives' counter."""
         self.step_times.append(time.perf_counter())
+        self.step_faults.append(minor_faults())
         if self._counter is not None:
             self._counter.__exit__(None, None, None)
             self.calls, self._counter = self._counter.calls, None
@@ -206,6 +209,7 @@ class ShardingProbe(Probe):
             self._counter = CollectiveCounter()
             self._counter.__enter__()
         self.step_times[-1] = time.perf_counter()  # the accounting is not the step's
+        self.step_faults[-1] = minor_faults()
 
     def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         """After the last step: what was measured, the replay timing, the checkpoint."""
@@ -224,6 +228,7 @@ class ShardingProbe(Probe):
                                          strict=False)),  # fmt: skip
             "exact_peak": self.exact_peak,
             **_step_quartiles(self.step_times),
+            "step_minor_faults": median_step_faults(self.step_faults),
             "calls": list(self.calls),
             "replay_seconds": None,
             "replay_call_seconds": None,
@@ -266,7 +271,7 @@ def _step_quartiles(times: list[float]) -> dict[str, float | None]:
 
 def label(run: RunResult) -> str:
     """A run's wrapping and world size, for tables and figures: "FSDP2, 2 workers"."""
-    name = {"ddp": "DDP", "fsdp2": "FSDP2"}.get(run.sync, run.sync)
+    name = {"ddp": "DDP", "fsdp2": "FSDP2", "none": "no communication"}.get(run.sync, run.sync)
     keep = run.sync == "fsdp2" and not run.reshard_after_forward
     return f"{name}{' (kept)' if keep else ''}, {run.world} worker{'s' if run.world > 1 else ''}"
 
