@@ -55,6 +55,16 @@ def test_left_behind_sees_a_process_and_a_socket_it_did_not_see_before():
     assert leftovers.left_behind(before) == {"processes": [], "listening": []}
 
 
+def test_parents_names_each_processs_parent():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        table = leftovers.parents()
+        assert table[child.pid] == os.getpid() and table[os.getpid()] == os.getppid()
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_tagged_finds_a_process_by_its_environment_wherever_it_is():
     tag = leftovers.new_tag()
     script = "import time; print('up', flush=True); time.sleep(30)"

@@ -270,10 +270,14 @@ def _torchrun_agents(tag: dict[str, str]) -> list[int]:
 
 
 def _torchrun_workers(tag: dict[str, str]) -> list[int]:
-    """The training processes the torchruns carrying ``tag`` started."""
+    """The training processes the torchruns carrying ``tag`` started: their children that run
+    ``helpers.train``. Not a process a worker forks, nor one a torchrun forks before its exec:
+    either can carry the same command line for a moment, then be gone."""
     commands = leftovers.commands(leftovers.tagged(tag))
+    agents = {pid for pid, command in commands.items() if "torch.distributed.run" in command}
+    parent = leftovers.parents()
     return [pid for pid, command in commands.items()
-            if "helpers.train" in command and "torch.distributed.run" not in command]  # fmt: skip
+            if pid not in agents and parent.get(pid) in agents and "helpers.train" in command]
 
 
 def _cpu_of(pids: list[int]) -> dict[int, float] | None:
@@ -347,7 +351,8 @@ def torchrun_hang(hang_for: float = 12.0, grace: float = 30.0,
     """``python -m helpers.train`` on two nodes of one worker each whose data differ
     (``MISMATCHED_NODES``), through ``helpers.dist.cluster.run_torchrun``. Once both workers
     have stopped computing (the hang reached, ``_wait_for_hang``; given up after
-    ``reach_within`` seconds) and ``hang_for`` seconds more, every torchrun is sent SIGTERM, as
+    ``reach_within`` seconds; a stretch after which they compute again was a pause, and the
+    wait goes on) and ``hang_for`` seconds more, every torchrun is sent SIGTERM, as
     a scheduler stops a job (Slurm at its time limit, ``scancel``), and its agent stops its
     workers. Every process of the job carries a tag, so that any left afterwards is found
     (``left``), wherever it was re-parented, and killed."""
@@ -365,11 +370,21 @@ def torchrun_hang(hang_for: float = 12.0, grace: float = 30.0,
     started = time.monotonic()
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    hang = _wait_for_hang(thread, tag, len(MISMATCHED_NODES), reach_within)
-    if hang is not None:
+    hang, hung_for, hang_cpu, give_up = None, 0.0, float("nan"), started + reach_within
+    while time.monotonic() < give_up:
+        hang = _wait_for_hang(thread, tag, len(MISMATCHED_NODES), give_up - time.monotonic())
+        if hang is None:
+            break
         thread.join(max(0.0, hang[0] + hang_for - time.monotonic()))
+        if not thread.is_alive():
+            break
+        hung_for, hang_cpu = _held(hang)
+        if not hang_cpu >= IDLE_SHARE:  # held (or a worker gone: nan), so not a pause
+            break
+        hang = None  # both idle for a moment (waiting on each other at start-up), then busy again
     finished = not thread.is_alive()
-    hung_for, hang_cpu = _held(hang) if hang is not None and not finished else (0.0, float("nan"))
+    if finished or hang is None:
+        hung_for, hang_cpu = 0.0, float("nan")
     left = _stop(thread, tag, grace)  # if the job ended by itself: what it left, killed
     thread.join()
     if "error" in outcome:

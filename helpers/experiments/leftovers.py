@@ -34,6 +34,11 @@ def _process_table() -> list[tuple[int, int]]:
     return [(pid, parent) for pid, parent in rows if pid != ps.pid]
 
 
+def parents() -> dict[int, int]:
+    """Each live process's parent, by pid."""
+    return dict(_process_table())
+
+
 def descendants(pid: int | None = None) -> set[int]:
     """Every live process below ``pid`` (default: this one), children's children included."""
     pid = os.getpid() if pid is None else pid
