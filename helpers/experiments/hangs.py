@@ -263,10 +263,14 @@ def cpu_seconds(pid: int) -> float | None:
     return seconds + 86400 * int(days or 0)
 
 
+def _agents(commands: dict[int, str]) -> list[int]:
+    """The torchrun processes among ``commands`` (pid: command line)."""
+    return [pid for pid, command in commands.items() if "torch.distributed.run" in command]
+
+
 def _torchrun_agents(tag: dict[str, str]) -> list[int]:
     """The torchrun processes among those that carry ``tag``."""
-    commands = leftovers.commands(leftovers.tagged(tag))
-    return [pid for pid, command in commands.items() if "torch.distributed.run" in command]
+    return _agents(leftovers.commands(leftovers.tagged(tag)))
 
 
 def _torchrun_workers(tag: dict[str, str]) -> list[int]:
@@ -274,8 +278,7 @@ def _torchrun_workers(tag: dict[str, str]) -> list[int]:
     ``helpers.train``. Not a process a worker forks, nor one a torchrun forks before its exec:
     either can carry the same command line for a moment, then be gone."""
     commands = leftovers.commands(leftovers.tagged(tag))
-    agents = {pid for pid, command in commands.items() if "torch.distributed.run" in command}
-    parent = leftovers.parents()
+    agents, parent = set(_agents(commands)), leftovers.parents()
     return [pid for pid, command in commands.items()
             if pid not in agents and parent.get(pid) in agents and "helpers.train" in command]
 
