@@ -3,12 +3,13 @@ workers ``launch`` spawns, as the file reads when it is loaded."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
 
 from helpers.dist.launch import launch
-from helpers.notebook.workspace import Workspace
+from helpers.notebook.workspace import MARKER, Workspace, remove_orphans
 
 WORKER = """
 import torch
@@ -58,3 +59,26 @@ def test_remove_deletes_the_folder_and_takes_it_off_the_path():
     assert str(ws.path) in sys.path and ws.path.is_dir()
     ws.remove()
     assert str(ws.path) not in sys.path and not ws.path.exists()
+
+
+def test_a_killed_kernels_workspace_is_removed_by_the_next_one_and_a_live_ones_kept(tmp_path):
+    """nbval ends its kernel with SIGKILL, so no exit handler runs: the next workspace sweeps."""
+    made = subprocess.run(
+        [sys.executable, "-c", "import os, tempfile\n"
+         "from helpers.notebook.workspace import Workspace\n"
+         f"tempfile.tempdir = {str(tmp_path)!r}\n"
+         "print(Workspace('killed').path, flush=True)\n"
+         "os.kill(os.getpid(), 9)"],
+        capture_output=True, text=True,
+    )
+    killed = tmp_path / made.stdout.strip().rsplit("/", 1)[-1]
+    assert made.returncode == -9 and (killed / MARKER).exists()
+    alive = tmp_path / "alive"
+    alive.mkdir()
+    live = Workspace("test-workspace")  # this process's
+    (alive / MARKER).write_text((live / MARKER).read_text())
+    live.remove()
+    foreign = tmp_path / "not-a-workspace"
+    foreign.mkdir()
+    assert remove_orphans(tmp_path) == [killed]
+    assert alive.is_dir() and foreign.is_dir() and not killed.exists()
