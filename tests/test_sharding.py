@@ -3,6 +3,7 @@ a memory budget enforced, sharded checkpoints loaded on another number of worker
 
 from __future__ import annotations
 
+import platform
 from dataclasses import replace
 
 import numpy as np
@@ -11,7 +12,13 @@ import torch
 
 from helpers.dist.counting import COUNTED, per_step_traffic, wire_bytes
 from helpers.dist.launch import WorkerError, launch
-from helpers.experiments.memory import expected_bytes, momentum_step_bytes, stored_bytes
+from helpers.experiments.memory import (
+    expected_bytes,
+    momentum_step_bytes,
+    stored_bytes,
+    unlaunched_step_bytes,
+    why_rss_not_comparable,
+)
 from helpers.experiments.replicas import weight_gap
 from helpers.experiments.sharding import (
     ShardingProbe,
@@ -21,7 +28,7 @@ from helpers.experiments.sharding import (
     traffic_by_kind,
     traffic_table,
 )
-from helpers.notebook.plotting import plot_state_held, plot_traffic
+from helpers.notebook.plotting import plot_memory, plot_state_held, plot_traffic
 from helpers.training import (
     TrainConfig,
     make_optimizer,
@@ -125,9 +132,14 @@ def test_traffic_by_kind_splits_the_tables_total_and_the_figures_name_their_data
     assert by_kind.iloc[0]["all-reduce"] > 0 and by_kind.iloc[1]["all-reduce"] == 0
     memory = memory_table(runs)
     for fig in (plot_traffic(by_kind, "data: X"),
-                plot_state_held(memory, memory["state_total"], "data: X", "held")):  # fmt: skip
+                plot_state_held(memory, memory["state_total"], "data: X", "held"),
+                plot_memory(memory, "data: X", "measured: Y")):  # fmt: skip
         assert "data: X" in fig.axes[0].get_title()
         plt.close(fig)
+    fig = plot_memory(memory, "data: X", "measured: Y")
+    assert "measured: Y" in fig.axes[0].get_title()
+    assert len(fig.axes[0].get_legend().get_texts()) == 6  # three tensors, three RSS parts
+    plt.close(fig)
 
 @pytest.mark.slow  # notebook 08's headline cell depends on it too, on every make test
 def test_one_probe_measures_each_training_of_a_launch_afresh():
@@ -143,13 +155,18 @@ def test_one_probe_measures_each_training_of_a_launch_afresh():
         assert {kind for kind, _ in probe["calls"]} == {"all-gather", "reduce-scatter"}
 
 @pytest.mark.slow
-def test_a_sharded_checkpoint_loads_bit_for_bit_on_one_worker(fsdp_run):
+def test_a_sharded_checkpoint_reshards_bit_for_bit_both_ways(fsdp_run, tmp_path):
     fsdp, path = fsdp_run
     assert (path / ".metadata").exists()
-    loaded = launch(load_worker, 1, replace(CONFIG, sync="fsdp2"), str(path))[0]
-    assert np.array_equal(loaded["weights"], fsdp.weights[0])
-    assert loaded["optimizer_digest"] == fsdp.probes[0]["optimizer_digest"]
+    config = replace(CONFIG, sync="fsdp2")
+    # saved by 2, loaded by 1, which saves it again; that save loaded back by 2
+    loaded = launch(load_worker, 1, config, str(path), str(tmp_path))[0]
     assert loaded["held"]["parameters"] == PARAM_BYTES  # whole again, on one worker
+    reloaded = launch(load_worker, 2, config, str(tmp_path))
+    for report in [loaded, *reloaded]:
+        assert np.array_equal(report["weights"], fsdp.weights[0])
+        assert report["optimizer_digest"] == fsdp.probes[0]["optimizer_digest"]
+    assert [r["held"]["parameters"] for r in reloaded] == [PARAM_BYTES // 2] * 2
 
 
 @pytest.mark.slow
@@ -193,7 +210,21 @@ def test_each_fsdp2_worker_stores_half_of_every_part_after_a_momentum_step():
     momentum included, is split evenly (the reference MLP's rows are even)."""
     whole = momentum_step_bytes()
     assert whole == dict.fromkeys(("parameters", "gradients", "optimizer_state"), PARAM_BYTES)
-    assert launch(momentum_step_bytes, 2) == [{k: v // 2 for k, v in whole.items()}] * 2
+    launched = launch(momentum_step_bytes, 2)
+    assert launched == [{k: v // 2 for k, v in whole.items()}] * 2
+    # a fake process group in this process shards as the real workers did
+    assert unlaunched_step_bytes(2) == launched[0]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
+def test_the_rss_is_not_compared_where_huge_pages_or_one_worker_would_blur_it(tmp_path):
+    thp = tmp_path / "enabled"
+    thp.write_text("always [madvise] never\n")
+    assert why_rss_not_comparable(2, 0, thp) is None
+    assert "2 workers" in why_rss_not_comparable(1, 0, thp)
+    assert "AnonHugePages" in why_rss_not_comparable(2, 4 << 20, thp)
+    thp.write_text("[always] madvise never\n")
+    assert "always on" in why_rss_not_comparable(2, 0, thp)
 
 
 def test_ring_bytes_per_worker():

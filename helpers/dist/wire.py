@@ -24,8 +24,9 @@ from helpers.dist.netns import INTERFACE, run_pair
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 
-def _sent() -> int:
-    """Bytes this namespace's veth end has sent (``/proc/net/dev`` is per namespace)."""
+def interface_sent() -> int:
+    """Bytes this namespace's veth end has sent so far: the kernel's transmit counter, the ninth
+    number of its line in ``/proc/net/dev``, which is per namespace, so only the collectives'."""
     with open("/proc/net/dev") as f:
         for line in f:
             name, _, counters = line.partition(":")
@@ -34,7 +35,7 @@ def _sent() -> int:
     raise RuntimeError(f"no interface {INTERFACE} in this network namespace")
 
 
-def _worker(rank: int, address: str, port: int, message_bytes: int, repeats: int) -> None:
+def measure_worker(rank: int, address: str, port: int, message_bytes: int, repeats: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -52,10 +53,10 @@ def _worker(rank: int, address: str, port: int, message_bytes: int, repeats: int
     for _ in range(repeats):
         for name in COLLECTIVES:
             dist.barrier()
-            before = _sent()
+            before = interface_sent()
             calls[name]()
             dist.barrier()  # the last bytes may still sit in the socket's buffer until the peer
-            sent[name].append(_sent() - before)  # has them; a barrier adds well under 1 kB
+            sent[name].append(interface_sent() - before)  # has them; a barrier adds well under 1 kB
     dist.barrier()
     print(json.dumps({"rank": rank, "sent": sent}), flush=True)
     with contextlib.suppress(Exception):
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.worker:
         p.error("this is bytes_sent()'s worker: call helpers.dist.wire.bytes_sent()")
     rank, address, port, message_bytes, repeats = args.worker
-    _worker(int(rank), address, int(port), int(message_bytes), int(repeats))
+    measure_worker(int(rank), address, int(port), int(message_bytes), int(repeats))
     return 0
 
 

@@ -9,9 +9,12 @@ lower bound."""
 
 from __future__ import annotations
 
+import platform
+import re
 import resource
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -21,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from helpers.training.config import TrainConfig
 from helpers.training.model import N_FEATURES, make_mlp
-from helpers.training.wrap import wrap_fsdp2
+from helpers.training.wrap import make_optimizer, wrap_fsdp2
 
 MB = 1e6
 
@@ -38,25 +41,68 @@ def stored_bytes(tensors: Iterable[torch.Tensor]) -> int:
     storages = (t.untyped_storage() for t in local)
     return sum({s.data_ptr(): s.nbytes() for s in storages}.values())
 
-def momentum_step_bytes(rank: int = 0, world_size: int = 1) -> dict[str, int]:
-    """The reference MLP after one step of SGD with momentum, and the bytes of the storages this
-    worker holds for its parameters, gradients and momentum (``stored_bytes``). Called in one
-    process it stays whole, as on a DDP worker. Launched on several workers
-    (``helpers.dist.launch``), FSDP2 shards it over them (every ``Linear`` a unit, then the
-    model), and each reports its own shards: the stored bytes that ZeRO-3's arithmetic predicts."""
+def step_bytes(
+    rank: int = 0, world_size: int = 1, optimizer: str = "momentum", hidden: int = 1024,
+    hidden_layers: int = 2,
+) -> dict[str, int]:  # fmt: skip
+    """An MLP (the reference one by default) after one step of ``optimizer``, and the bytes of
+    the storages this worker holds for its parameters, gradients and optimizer state
+    (``stored_bytes``). Called in one process it stays whole, as on a DDP worker. Launched on
+    several workers (``helpers.dist.launch``), FSDP2 shards it over them (every ``Linear`` a
+    unit, then the model), and each reports its own shards: PyTorch's record of what a ZeRO-3
+    worker stores, padding included, to hold the arithmetic against."""
+    config = _step_config(optimizer, hidden, hidden_layers)
     torch.manual_seed(0)
-    model = make_mlp()
+    model = make_mlp(hidden=hidden, hidden_layers=hidden_layers)
     if world_size > 1:
-        model = wrap_fsdp2(model, TrainConfig(sync="fsdp2"))  # the course's units
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model = wrap_fsdp2(model, config)  # the course's units
+    return _after_one_step(model, config)
+
+def unlaunched_step_bytes(world_size: int, optimizer: str = "momentum", hidden: int = 1024,
+                          hidden_layers: int = 2) -> dict[str, int]:  # fmt: skip
+    """``step_bytes`` of rank 0, which holds the largest shards, on ``world_size`` workers that
+    are not launched: this process joins a fake process group as rank 0 (PyTorch's test
+    backend, ``torch.testing._internal``: collectives send nothing, shapes are real), so FSDP2
+    shards and pads as on real workers, in a second and without the cores they would need. The
+    model is built on the meta device: its values are garbage, its bytes are right."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+
+    if dist.is_initialized():
+        raise RuntimeError("this process already is in a process group: call it outside one")
+    config = _step_config(optimizer, hidden, hidden_layers)
+    hook = sys.excepthook  # init_process_group wraps it for good: put back after
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        with torch.device("meta"):
+            model = make_mlp(hidden=hidden, hidden_layers=hidden_layers)
+        model = wrap_fsdp2(model, config)
+        model.to_empty(device="cpu")  # this rank's shards, uninitialised
+        return _after_one_step(model, config)
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = hook
+
+def _step_config(optimizer: str, hidden: int, hidden_layers: int) -> TrainConfig:
+    return TrainConfig(sync="fsdp2", optimizer=optimizer, lr=0.1, hidden=hidden,
+                       hidden_layers=hidden_layers)  # fmt: skip
+
+def _after_one_step(model: nn.Module, config: TrainConfig) -> dict[str, int]:
+    optim = make_optimizer(model, config)
     model(torch.randn(8, N_FEATURES)).sum().backward()
-    optimizer.step()
+    optim.step()
     params = list(model.parameters())
     return {
         "parameters": stored_bytes(params),
         "gradients": stored_bytes(p.grad for p in params),
-        "optimizer_state": stored_bytes(optimizer.state[p]["momentum_buffer"] for p in params),
+        "optimizer_state": stored_bytes(
+            v for p in params for v in optim.state[p].values() if isinstance(v, torch.Tensor)
+        ),
     }
+
+def momentum_step_bytes(rank: int = 0, world_size: int = 1) -> dict[str, int]:
+    """``step_bytes`` of the reference MLP with SGD and momentum (notebook 08's exercise 1)."""
+    return step_bytes(rank, world_size)
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state this worker holds, from its tensors."""
@@ -102,6 +148,49 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+def huge_pages_mode(path: Path = THP) -> str | None:
+    """The kernel's transparent huge pages setting, ``always``, ``madvise`` or ``never`` (the
+    bracketed word of ``path``); None where there is none to read (not Linux)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    chosen = re.search(r"\[(\w+)\]", text)
+    return chosen.group(1) if chosen else None
+
+def huge_pages_held(smaps: Path = Path("/proc/self/smaps_rollup")) -> int:
+    """Bytes of this process's anonymous memory the kernel maps in transparent huge pages
+    (``AnonHugePages``), 0 where it cannot be read."""
+    try:
+        for line in smaps.read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+def why_rss_not_comparable(workers: int, huge_pages_grown: int = 0,
+                           thp: Path = THP) -> str | None:  # fmt: skip
+    """None where the peak RSS can show what FSDP2 saves (notebook 08), else why not. It needs
+    glibc (``MALLOC_MMAP_THRESHOLD_`` returns freed blocks at once), 2 workers, and memory in
+    base pages: a transparent huge page (2 MiB) stays resident while any byte of it is in use,
+    so the RSS need not fall when a buffer is freed. Hence THP ``always``, or a training that
+    grew its workers' ``AnonHugePages`` (``huge_pages_grown``, bytes), rule it out."""
+    if platform.libc_ver()[0] != "glibc":
+        return "MALLOC_MMAP_THRESHOLD_ is glibc's setting, and this C library is not glibc"
+    if workers < 2:
+        return f"it needs 2 workers, and {workers} run here"
+    if huge_pages_mode(thp) == "always":
+        return (f"transparent huge pages are always on ({thp}): a freed buffer's 2 MiB pages "
+                "can stay resident, so the RSS need not fall")  # fmt: skip
+    if huge_pages_grown > 0:
+        return (f"the training put {huge_pages_grown / MB:.0f} MB of its workers' memory in "
+                "transparent huge pages (AnonHugePages): the RSS moves by 2 MiB pages, not by "
+                "the buffers freed")  # fmt: skip
+    return None
 
 class MemoryBudgetError(RuntimeError):
     """A worker needed more memory than its budget."""

@@ -34,6 +34,7 @@ from helpers.dist.counting import (
 from helpers.experiments.memory import (
     MB,
     MemoryBudgetError,
+    huge_pages_held,
     peak_rss_bytes,
     reset_peak_rss,
     rss_bytes,
@@ -100,13 +101,16 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str) 
     )
 
 
-def load_worker(rank: int, world_size: int, config: TrainConfig, path: str) -> dict:
+def load_worker(rank: int, world_size: int, config: TrainConfig, path: str,
+                save_to: str | None = None) -> dict:  # fmt: skip
     """Build the model wrapped as ``config.sync`` on ``world_size`` workers, load the checkpoint
-    at ``path``, and report its whole weights and optimizer state (launch it with
-    ``helpers.dist.launch.launch``)."""
+    at ``path``, save it again to ``save_to`` if given (resharded for this world size), and
+    report its whole weights and optimizer state (launch it with ``helpers.dist.launch``)."""
     model = wrap_model(make_model(config), config)
     optimizer = make_optimizer(model, config)
     load_sharded(model, optimizer, path)
+    if save_to is not None:
+        save_sharded(model, optimizer, save_to)
     return {
         "rank": rank,
         "held": state_bytes(model, optimizer),
@@ -127,7 +131,8 @@ class ShardingProbe(Probe):
     built, once it is built and wrapped (what setting up imports and allocates), and after the
     first step (the gradients and the optimizer's state then exist); the peak of the later steps
     is read above the last. The modules imported in each part are counted: an import raises the
-    RSS as much as a tensor does.
+    RSS as much as a tensor does. ``huge_pages_grown``: how much of the training's memory the
+    kernel put in transparent huge pages, whose 2 MiB stay resident while any byte is in use.
 
     ``budget_bytes``: the most bytes of parameters, gradients and optimizer state the worker
     may hold, read from its tensors after every step; over it, the worker stops with a
@@ -147,6 +152,7 @@ class ShardingProbe(Probe):
     rank: int = 0
     world_size: int = 1
     baseline_rss: int = 0
+    huge_pages: int = 0  # AnonHugePages at the start, bytes
     setup_rss: int | None = None
     first_step_rss: int | None = None
     later_peak: int | None = None
@@ -166,7 +172,7 @@ class ShardingProbe(Probe):
         self.rank, self.world_size = rank, world_size
         self.held, self.peak_growth, self.calls, self._counter = {}, 0, [], None
         self.setup_rss = self.first_step_rss = self.later_peak = None
-        self.exact_peak = reset_peak_rss()
+        self.exact_peak, self.huge_pages = reset_peak_rss(), huge_pages_held()
         self.baseline_rss = rss_bytes() if self.exact_peak else peak_rss_bytes()
         self.peak_rss, self.modules = self.baseline_rss, [len(sys.modules)]
         self.step_times, self.step_faults = [time.perf_counter()], [minor_faults()]
@@ -227,6 +233,7 @@ class ShardingProbe(Probe):
                                          (b - a for a, b in pairwise(self.modules)),
                                          strict=False)),  # fmt: skip
             "exact_peak": self.exact_peak,
+            "huge_pages_grown": max(0, huge_pages_held() - self.huge_pages),
             **_step_quartiles(self.step_times),
             "step_minor_faults": median_step_faults(self.step_faults),
             "calls": list(self.calls),

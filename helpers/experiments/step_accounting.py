@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from helpers.experiments.memory import THP, huge_pages_mode
 from helpers.training import RunResult
 
 
@@ -26,16 +27,10 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def why_no_page_count(
-    thp: Path = Path("/sys/kernel/mm/transparent_hugepage/enabled"),
-) -> str | None:
+def why_no_page_count(thp: Path = THP) -> str | None:
     """None where a minor fault maps one base page (4 KiB on x86), so that faults count pages;
     else why not: with transparent huge pages always on, one fault may map 2 MiB."""
-    try:
-        text = thp.read_text()
-    except OSError:
-        return None  # no transparent huge pages here
-    if "[always]" in text:
+    if huge_pages_mode(thp) == "always":
         return f"transparent huge pages are always on ({thp}): a fault may map 2 MiB, not a page"
     return None
 

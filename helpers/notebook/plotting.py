@@ -242,31 +242,34 @@ def plot_mistake_gaps(runs: dict[tuple[str, str], dict], atol: float, banner: st
 # --------------------------------------------------------------------------- notebook 08: sharding
 
 
-def plot_memory(table: pd.DataFrame, banner: str) -> Figure:
+def plot_memory(table: pd.DataFrame, banner: str, source: str) -> Figure:
     """Per run, the MB of parameters, gradients and optimizer state a worker holds (stacked, read
     from its tensors) beside the growth of its RSS while training, stacked by part: the setup
     (imports, the model, its wrapper), the first step, the later steps' peak. Table from
-    ``helpers.experiments.sharding.memory_table``."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.0))
+    ``helpers.experiments.sharding.memory_table``; ``source`` says where both were read, the
+    legend, outside the bars, which bar is which."""
+    fig, ax = plt.subplots(figsize=(10.5, 4.0))
     x = range(len(table))
     bottom = pd.Series(0.0, index=table.index)
     for i, part in enumerate(("parameters", "gradients", "optimizer_state")):
         ax.bar([p - 0.2 for p in x], table[part], 0.4, bottom=bottom, color=f"C{i}",
-               label=part.replace("_", " "))
+               label=f"left bar, tensors: {part.replace('_', ' ')}")
         bottom += table[part]
     bottom = pd.Series(0.0, index=table.index)
-    parts = {"setup_growth": ("0.85", "RSS growth: setup (imports, model, wrapper)"),
-             "first_step_growth": ("0.6", "RSS growth: first step"),
-             "later_steps_growth": ("0.35", "RSS growth: later steps' peak")}  # fmt: skip
+    parts = {"setup_growth": ("0.85", "setup (imports, model, wrapper)"),
+             "first_step_growth": ("0.6", "first step"),
+             "later_steps_growth": ("0.35", "later steps' peak")}  # fmt: skip
     for column, (grey, name) in parts.items():
         height = table[column].fillna(0.0)
-        ax.bar([p + 0.2 for p in x], height, 0.4, bottom=bottom, color=grey, label=name)
+        ax.bar([p + 0.2 for p in x], height, 0.4, bottom=bottom, color=grey,
+               label=f"right bar, RSS growth: {name}")
         bottom += height
     ax.set_xticks(list(x), table.index, fontsize=9)
     ax.set_ylabel("MB per worker (rank 0)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"What a worker holds: its tensors against its RSS growth\n{banner}", fontsize=10)
+    ax.set_title(f"What a worker holds: its tensors against its RSS growth\n{source}\n{banner}",
+                 fontsize=9)  # fmt: skip
     fig.tight_layout()
     return fig
 
