@@ -174,10 +174,12 @@ def plot_runs_to_target(runs: pd.DataFrame, target: float, n_samples: int, sourc
                label=f"the count: from here the mean stayed at or above {target:.0%}"),
         Line2D([], [], color="black", linestyle="--", linewidth=1, label=f"target {target:.0%}"),
     ]  # fmt: skip
-    fig.legend(handles=seeds, labels=labels, loc="lower center", bbox_to_anchor=(0.5, 0.06),
+    rows = 1 if len(batches) > 2 else 2  # the kinds' row does not fit under two panels
+    fig.legend(handles=seeds, labels=labels, loc="lower center", bbox_to_anchor=(0.5, 0.06 * rows),
                ncol=len(seeds), fontsize=8, frameon=False)  # fmt: skip
-    fig.legend(handles=kinds, loc="lower center", ncol=len(kinds), fontsize=8, frameon=False)
+    fig.legend(handles=kinds, loc="lower center", ncol=len(kinds) // rows, fontsize=8,
+               frameon=False)  # fmt: skip
     fig.suptitle(f"Each seed's test accuracy on the way to {target:.0%}, and where it counts\n"
                  f"{source}", fontsize=9)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.tight_layout(rect=(0, 0.06 * rows + 0.08, 1, 1))
     return fig
