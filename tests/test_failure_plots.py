@@ -48,10 +48,15 @@ def test_the_runs_figure_draws_each_evaluation_its_moving_average_and_the_count(
         {"global_batch": 100, "seed": 1, "steps": float("inf"), "marks": [1, 2, 3],
          "accuracies": [0.1, 0.2, 0.3]},
     ])  # fmt: skip
-    (ax,) = plot_runs_to_target(runs, 0.75, 200, "test data").axes
+    fig = plot_runs_to_target(runs, 0.75, 200, "test data")
+    (ax,) = fig.axes
     raw, smooth, count, raw_1, smooth_1, target = ax.get_lines()
     np.testing.assert_allclose(raw.get_xdata(), [0.5, 1, 1.5, 2, 2.5, 3])  # steps x 100 / 200
     np.testing.assert_allclose(smooth.get_ydata(), [0.7, 0.8, 2.5 / 3, 0.8])  # means of 3
     # the count: step 4, where the mean of the evaluations at steps 2, 3 and 4 is 0.8
     assert count.get_xdata()[0] == 2 and np.isclose(count.get_ydata()[0], 0.8)
     assert len(smooth_1.get_ydata()) == 1 and list(target.get_ydata()) == [0.75, 0.75]
+    # one legend entry per seed, and one for each kind of line: evaluation, mean, count, target
+    entries = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert entries[:2] == ["seed 0", "seed 1"] and len(entries) == 6
+    assert entries[-1] == "target 75%" and "test data" in fig.texts[0].get_text()

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
@@ -24,9 +25,10 @@ _PARTS = {  # column of helpers.experiments.straggler.step_table: (label, colour
 }
 
 
-def plot_step_timeline(table: pd.DataFrame, banner: str, steps_per_phase: int = 4) -> Figure:
+def plot_step_timeline(table: pd.DataFrame, source: str, steps_per_phase: int = 4) -> Figure:
     """Each rank's steps as bars on one clock: the last ``steps_per_phase`` steps without a
-    straggler (left) and the first with one (right), each part of a step in its colour."""
+    straggler (left) and the first with one (right), each part of a step in its colour.
+    ``source``, the line under the title, says where the timings come from."""
     phases = [("baseline", "no straggler"), ("straggler", "rank with a delay: a straggler")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
     for ax, (phase, title) in zip(axes, phases, strict=True):
@@ -51,15 +53,16 @@ def plot_step_timeline(table: pd.DataFrame, banner: str, steps_per_phase: int = 
     handles = [Patch(facecolor=c, hatch=h, edgecolor="white", label=label)
                for label, c, h in _PARTS.values()]  # fmt: skip
     fig.legend(handles=handles, loc="lower center", ncol=4, frameon=False)
-    fig.suptitle(f"Every step waits for the slowest worker\n{banner}", fontsize=10)
+    fig.suptitle(f"Every step waits for the slowest worker\n{source}", fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
-def plot_time_cost(table: pd.DataFrame, banner: str, target: float, prices_note: str) -> Figure:
+def plot_time_cost(table: pd.DataFrame, source: str, target: float, prices_note: str) -> Figure:
     """Seconds against dollars to reach ``target`` accuracy: one point per setup and global
     batch (``helpers.experiments.cost.cost_table``), setups by colour, batches labelled.
-    Points that never reached the target are left out, and said so."""
+    Points that never reached the target are left out, and said so. ``source``, the last line
+    of the title, says what was measured and what computed."""
     reached = table[table["seconds"].map(math.isfinite)]
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for i, (setup, rows) in enumerate(reached.groupby("setup", sort=False)):
@@ -80,7 +83,7 @@ def plot_time_cost(table: pd.DataFrame, banner: str, target: float, prices_note:
     ax.set_ylabel("cost to get there (millionths of a dollar, log)")
     note = f"; not reached at B={', '.join(map(str, missing))}" if missing else ""
     ax.set_title(f"Time against cost, one point per setup and global batch{note}\n"
-                 f"{prices_note}\n{banner}", fontsize=9)  # fmt: skip
+                 f"{prices_note}\n{source}", fontsize=9)  # fmt: skip
     ax.legend(title="setup (workers x threads)")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -139,10 +142,11 @@ def plot_miscounted(rows: list[dict], source: str) -> Figure:
     return fig
 
 
-def plot_runs_to_target(runs: pd.DataFrame, target: float, n_samples: int, banner: str) -> Figure:
+def plot_runs_to_target(runs: pd.DataFrame, target: float, n_samples: int, source: str) -> Figure:
     """One panel per global batch (``helpers.experiments.cost.runs_to_target``): each seed's
     test accuracy at every evaluation (thin), its moving average (thick) and its count (a dot,
-    where the average went above ``target`` for good), against epochs of ``n_samples``."""
+    where the average went above ``target`` for good), against epochs of ``n_samples``; one
+    legend below for every kind of line. ``source``: the line under the title."""
     batches = sorted(runs["global_batch"].unique())
     fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.8), sharey=True,
                              squeeze=False)  # fmt: skip
@@ -162,9 +166,20 @@ def plot_runs_to_target(runs: pd.DataFrame, target: float, n_samples: int, banne
         ax.set_xlabel("epochs")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("test accuracy")
-    axes[0][0].legend(fontsize=8, loc="lower right")
-    fig.suptitle(f"Thin: each evaluation; thick: the mean of the last {WINDOW}; dot: the count, "
-                 f"from which that mean stayed at or above {target:.0%}\n{banner}",
-                 fontsize=9)  # fmt: skip
-    fig.tight_layout()
+    seeds, labels = axes[0][0].get_legend_handles_labels()  # the thick lines, one per seed
+    kinds = [  # drawn in grey here: each seed's lines are in its own colour
+        Line2D([], [], color="grey", alpha=0.35, linewidth=0.8, label="each evaluation"),
+        Line2D([], [], color="grey", linewidth=2, label=f"mean of the last {WINDOW}"),
+        Line2D([], [], color="grey", marker="o", linestyle="", markeredgecolor="black",
+               label=f"the count: from here the mean stayed at or above {target:.0%}"),
+        Line2D([], [], color="black", linestyle="--", linewidth=1, label=f"target {target:.0%}"),
+    ]  # fmt: skip
+    rows = 1 if len(batches) > 2 else 2  # the kinds' row does not fit under two panels
+    fig.legend(handles=seeds, labels=labels, loc="lower center", bbox_to_anchor=(0.5, 0.06 * rows),
+               ncol=len(seeds), fontsize=8, frameon=False)  # fmt: skip
+    fig.legend(handles=kinds, loc="lower center", ncol=len(kinds) // rows, fontsize=8,
+               frameon=False)  # fmt: skip
+    fig.suptitle(f"Each seed's test accuracy on the way to {target:.0%}, and where it counts\n"
+                 f"{source}", fontsize=9)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.06 * rows + 0.08, 1, 1))
     return fig
