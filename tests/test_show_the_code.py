@@ -50,5 +50,5 @@ def test_the_grep_reads_code_cells_only():
     assert notebooks_calling("no_sync(", cells) == []
     prose = [c.source for c in read(NOTEBOOKS / "03_ddp_on_har.ipynb").cells
              if c.cell_type == "markdown"]  # fmt: skip
-    assert any("DistributedSampler" in s for s in prose)  # named in 03's prose, not its code
-    assert not notebooks_calling("DistributedSampler", code_cells("03_*.ipynb"))
+    assert any("SyncBatchNorm" in s for s in prose)  # named in 03's prose, not its code
+    assert not notebooks_calling("SyncBatchNorm", code_cells("03_*.ipynb"))
