@@ -7,6 +7,7 @@ import gc
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -55,9 +56,12 @@ def in_notebook():
 
 
 @pytest.mark.slow
-def test_torchrun_ends_with_the_notebook_launchers_weights(in_notebook):
+def test_torchrun_ends_with_the_notebook_launchers_weights(in_notebook, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # what the run leaves in the temporary folder
+    monkeypatch.setattr(tempfile, "tempdir", None)
     done = run_torchrun(ARGS, nproc_per_node=2)
     assert done.returncodes == [0], done.stderr[0]
+    assert not list(tmp_path.iterdir())  # nothing: not the agent's torchelastic_* log folder
     run = done.run
     assert run["checksums"] == in_notebook.checksums  # exactly: the same weights
     assert run["replicas_identical"] and run["world"] == 2

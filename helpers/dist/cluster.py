@@ -172,7 +172,11 @@ def run_torchrun(
             setting = ["env", NO_AGENT_STORE] if store is not None else []
             commands.append([*(prefixes[node] if prefixes else []), *setting, *argv])
         try:
-            done = run_together(commands, timeout, env={**os.environ, **(env or {})})
+            # each agent keeps its logs in a folder of its own under TMPDIR (torchelastic_...),
+            # which it leaves behind: here, in this run's folder, removed with it
+            done = run_together(
+                commands, timeout, env={**os.environ, "TMPDIR": tmp, **(env or {})}
+            )
         except TimedOut as e:
             raise TimeoutError(
                 f"torchrun did not finish within {timeout:g} s; every node and worker stopped"

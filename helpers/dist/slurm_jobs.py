@@ -67,6 +67,7 @@ def training_env(
         "GLOO_SOCKET_IFNAME": cluster.pair.interface,
         "TRAIN_CHECKPOINT_DIR": str(folder / "checkpoints"),
         "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(folder),  # torchrun's agents leave their log folders there, not in /tmp
     }
 
 # the script asks for 4 CPUs a task (2 workers of 2 threads); here 1 worker of 1 thread a node
