@@ -17,6 +17,7 @@ from torch.utils.data.distributed import DistributedSampler
 from helpers.experiments.ddp_script import (
     MISTAKES,
     STEPS,
+    TEMPLATES,
     ScriptFailed,
     checkpoint_weights,
     copy_templates,
@@ -226,3 +227,18 @@ def test_the_exercise_solution_is_the_last_step_and_its_skeleton_blanks_the_key_
     for key in ("init_process_group(", "get_world_size(", "DistributedSampler(", "set_epoch(",
                 "DDP(", "module.state_dict(", "destroy_process_group("):  # fmt: skip
         assert key in solution and key not in blank, key
+
+
+def test_every_script_that_joins_a_group_leaves_without_the_interpreter_teardown():
+    """Under load a finished worker can abort in the interpreter's teardown ("terminate called
+    without an active exception", as helpers.train's last lines say): every template that joins
+    a process group, and each exercise script, flushes its output and leaves with os._exit."""
+    nb = read(NOTEBOOK)
+    scripts = {p.name: p.read_text() for p in TEMPLATES.glob("*.py")}
+    for name in ("ddp_har.py", "evaluate.py"):  # the exercises', as the notebook writes them
+        scripts[f"notebook's {name}"] = _writefile(nb, f"scripts/{name}")
+    joining = {name: text for name, text in scripts.items() if "init_process_group(" in text}
+    assert len(joining) == 6, sorted(joining)
+    for name, text in joining.items():
+        tail = text[text.index('if __name__ == "__main__":') :]
+        assert tail.index("sys.stdout.flush()") < tail.index("os._exit(0)"), name
