@@ -66,6 +66,12 @@ def test_the_knobs_that_keep_the_arithmetic_train_default_ddps_weights_bit_for_b
     # profile_all_threads records Gloo's threads running the all-reduces; silent workers have none
     assert profiled.loc[kn.DEFAULT.name, kn.GLOO_THREADS] > 0
     assert profiled.loc[kn.SILENT.name, kn.GLOO_THREADS] == 0
+    # the profiler's counts, kept out of the table: per step, default DDP issues one all-reduce per
+    # bucket (2 for the reference MLP) and Gloo's threads run as many; a silent worker, none
+    assert kn.ALLREDUCES_ISSUED not in profiled.columns
+    default, silent = (study["profiles"][k.name] for k in (kn.DEFAULT, kn.SILENT))
+    assert default[kn.ALLREDUCES_ISSUED] == default[kn.ALLREDUCES_RUN] == 2, default
+    assert silent[kn.ALLREDUCES_ISSUED] == silent[kn.ALLREDUCES_RUN] == 0, silent
 
 
 def test_calibrated_compute_passes_through_the_silent_steps():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 
 from helpers.experiments.comm_engineering.knobs import GLOO_THREADS
@@ -18,36 +19,32 @@ from helpers.experiments.comm_engineering.knobs import GLOO_THREADS
 def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
     """One training step on one worker per panel: a row for compute (forward, each layer's
     backward, the optimizer) and one for communication (each bucket's all-reduce), in
-    milliseconds from the step's start. Tables from ``comm_engineering.timeline_table``."""
+    milliseconds from the step's start, one colour per part in every panel, named in the legend.
+    Tables from ``comm_engineering.timeline_table``."""
     fig, axes = plt.subplots(
-        len(timelines), 1, figsize=(9.0, 1.9 * len(timelines) + 0.6), squeeze=False
+        len(timelines), 1, figsize=(9.0, 1.9 * len(timelines) + 1.2), squeeze=False
     )
     end = max(t["end_ms"].max() for t in timelines.values())
+    parts = [what for row in ("compute", "communication") for t in timelines.values()
+             for what in t.loc[t["row"] == row, "what"]]  # fmt: skip
+    colours = {what: f"C{k % 10}" for k, what in enumerate(dict.fromkeys(parts))}
     for ax, (name, table) in zip(axes[:, 0], timelines.items(), strict=True):
         for y, row in enumerate(("communication", "compute")):
-            parts = table[table["row"] == row].reset_index(drop=True)
-            for k, part in parts.iterrows():
-                colour = f"C{k % 10}" if row == "compute" else ("C3" if k % 2 else "C1")
-                width = part["end_ms"] - part["start_ms"]
-                ax.broken_barh([(part["start_ms"], width)], (y - 0.35, 0.7), color=colour)
+            for part in table[table["row"] == row].itertuples():
+                width = part.end_ms - part.start_ms
+                ax.broken_barh([(part.start_ms, width)], (y - 0.35, 0.7), color=colours[part.what])
                 if width > 0.06 * end:
-                    label = part["what"].replace("backward ", "bwd ")
-                    ax.text(
-                        part["start_ms"] + width / 2,
-                        y,
-                        label,
-                        ha="center",
-                        va="center",
-                        fontsize=7,
-                        color="white",
-                    )
+                    ax.text(part.start_ms + width / 2, y, part.what.replace("backward ", "bwd "),
+                            ha="center", va="center", fontsize=7, color="white")  # fmt: skip
         ax.set_yticks([0, 1], ["communication", "compute"])
         ax.set_xlim(0, end * 1.02)
         ax.set_title(name, fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("milliseconds from the start of the step (rank 0)")
+    handles = [Patch(color=colour, label=what) for what, colour in colours.items()]
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=min(len(handles), 6))
     fig.suptitle(f"One training step: compute and communication\n{banner}", fontsize=10)
-    fig.tight_layout()  # keeps each panel's title clear of the panel above's tick labels
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below the panels
     return fig
 
 
@@ -166,7 +163,7 @@ def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: f
 def plot_hook_costs(costs: pd.DataFrame, banner: str) -> Figure:
     """Each hook's communication per step, stacked: its compression compute, its calls' latency
     and its bytes' time, one panel per network (columns hook, network, compress_ms, latency_ms,
-    bytes_ms)."""
+    bytes_ms), the parts named in one legend for all panels."""
     networks = list(dict.fromkeys(costs["network"]))
     fig, axes = plt.subplots(1, len(networks), figsize=(5.5 * len(networks), 3.8), squeeze=False)
     parts = {"compress_ms": "compression compute", "latency_ms": "latency (calls x alpha)",
@@ -177,12 +174,13 @@ def plot_hook_costs(costs: pd.DataFrame, banner: str) -> Figure:
         for i, (column, label) in enumerate(parts.items()):
             ax.barh(rows["hook"], rows[column], left=left, color=f"C{i}", label=label)
             left += rows[column]
-        ax.set_xlabel("ms per step (the model, on the benchmark's alpha and beta)")
+        ax.set_xlabel("ms per step (the model, on the network's alpha and beta)")
         ax.set_title(network, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-    axes[0, 0].legend(fontsize=8, loc="lower right")
+    handles = [Patch(color=f"C{i}", label=label) for i, label in enumerate(parts.values())]
+    fig.legend(handles=handles, fontsize=8, loc="lower center", ncol=len(handles))
     fig.suptitle(f"What each hook's communication costs per step\n{banner}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend, which holds for every panel
     return fig
 
 

@@ -41,6 +41,7 @@ from helpers.experiments.comm_engineering.knobs import (
     time_knobs,
 )
 from helpers.experiments.comm_engineering.step_model import (
+    GIGABIT_ALPHA,
     GIGABIT_BETA,
     QUIET_COMPUTE,
     QUIET_IDLE,
@@ -90,7 +91,8 @@ from helpers.experiments.comm_engineering.variants import (
 from helpers.training.model import GRADIENT_BYTES
 
 __all__ = [
-    "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_BETA", "GOAL_SHARE",
+    "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_ALPHA", "GIGABIT_BETA",
+    "GOAL_SHARE",
     "GRADIENT_BYTES", "HOOK_VARIANTS", "KNOB_ROUNDS", "KNOBS", "NO_COMMUNICATION", "Knob",
     "calibrated_compute", "knob_table",
     "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "QUIET_IDLE", "REPEATS",

@@ -229,6 +229,10 @@ def knob_table(found: dict) -> pd.DataFrame:
 
 # the profile's column for what the threads beside the training's recorded
 GLOO_THREADS = "Gloo's threads"
+# counts per step, kept out of the table of milliseconds: the all-reduces the training's thread
+# issued (``c10d::allreduce_``) and those Gloo's threads ran (``gloo:all_reduce``), by the profiler
+ALLREDUCES_ISSUED = "all-reduces issued per step"
+ALLREDUCES_RUN = "all-reduces run by Gloo per step"
 # what each profiled operator is, by name; everything else on the main thread is "other ops"
 _COMPUTE = ("aten::mm", "aten::addmm", "aten::clamp_min", "aten::threshold_backward",
             "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
@@ -244,7 +248,8 @@ def profile_steps(model: nn.Module, X, y, batches) -> dict[str, float]:
     the all-reduce calls issued here; other operators; and the time in no operator at all, which
     under DDP is mostly the wait for the all-reduces to complete at the end of backward. Beside
     them, "Gloo's threads": what every other thread recorded (``profile_all_threads``), the spans
-    in which Gloo's threads run the all-reduces, waiting for the other worker included."""
+    in which Gloo's threads run the all-reduces, waiting for the other worker included; and the
+    all-reduces per step the profiler saw issued and run (``ALLREDUCES_ISSUED``, ``_RUN``)."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # no timestamped start/stop lines on stderr
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     every_thread = _ExperimentalConfig(profile_all_threads=True)
@@ -254,7 +259,10 @@ def profile_steps(model: nn.Module, X, y, batches) -> dict[str, float]:
     thread = Counter(e.thread for e in events).most_common(1)[0][0]  # the training's: busiest
     parts = {"compute": 0.0, "copies": 0.0, "all-reduce calls": 0.0, "other ops": 0.0}
     others = 0.0
+    counts = Counter()  # the profiler's record of the all-reduces: issued, and run by Gloo
     for event in events:
+        if event.name in ("c10d::allreduce_", "gloo:all_reduce"):
+            counts[(event.name, event.thread == thread)] += 1
         if event.thread != thread:
             if event.cpu_parent is None:  # a top-level span, its children inside it
                 others += event.cpu_time_total / 1e3
@@ -273,6 +281,8 @@ def profile_steps(model: nn.Module, X, y, batches) -> dict[str, float]:
     out["step_ms"] = 1e3 * wall / n
     out["no operator (waiting)"] = max(out["step_ms"] - sum(parts.values()) / n, 0.0)
     out[GLOO_THREADS] = others / n
+    out[ALLREDUCES_ISSUED] = counts[("c10d::allreduce_", True)] / n
+    out[ALLREDUCES_RUN] = counts[("gloo:all_reduce", False)] / n
     return out
 
 
@@ -287,7 +297,7 @@ def _train_with(optimizer, model: nn.Module, X, y, idx) -> float:  # noqa: ANN00
 def profile_table(found: dict) -> pd.DataFrame:
     """The profiled steps side by side: milliseconds per step by what the training's thread did,
     its step, then Gloo's threads (beside the step, not part of it)."""
-    table = pd.DataFrame(found["profiles"]).T
+    table = pd.DataFrame(found["profiles"]).T.drop(columns=[ALLREDUCES_ISSUED, ALLREDUCES_RUN])
     table["step_ms"] = table.pop("step_ms")
     table[GLOO_THREADS] = table.pop(GLOO_THREADS)
     return table

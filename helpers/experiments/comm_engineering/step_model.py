@@ -18,6 +18,13 @@ from helpers.experiments.scaling import ComputeModel, fit_compute
 from helpers.training.model import gradient_bytes, make_mlp
 
 GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
+# An all-reduce's fixed cost on a 1 Gbit/s Ethernet link, not the loopback's fit: the value notebook
+# 10 assumes for a network link, 0.5 ms a call. Its order: Gloo over the kernel's TCP stack between
+# two network namespaces, a veth pair that tc limits to 1 Gbit/s, measured 0.3 ms
+# (``python -m helpers.experiments.veth``, notebook 10), and a real link adds its round trip
+# through network cards and a switch, tens of microseconds. An assumption: at 1 Gbit/s the
+# gradient's bytes (52 ms) outweigh it a hundredfold.
+GIGABIT_ALPHA = 0.5e-3
 
 # One worker's step on a quiet machine, from issue 9's quick check (1 worker x 1 thread, random
 # data of HAR's shape: 23.1 ms at global batch 256, 156 ms at 2048, the straight line through
