@@ -27,8 +27,10 @@ from helpers.experiments.large_batch import (
     reordered,
     runs_to_target,
     stays_below,
+    train_counting,
     train_to_target,
 )
+from helpers.training import TrainConfig
 
 
 def tiny_data(n: int = 300) -> HARData:
@@ -119,6 +121,25 @@ def test_after_step_sees_the_model_before_and_after_every_step():
     assert seen == [0, 1, 2, 3, 4, 5]
 
 
+def test_the_loop_measures_before_the_first_step_and_at_each_mark_until_the_count():
+    """The one loop behind notebook 06's counts and notebook 11's (``cost.steps_to_target``)."""
+    seen: list[int] = []
+
+    def measure(model) -> float:
+        seen.append(len(seen))
+        return float(len(seen))
+
+    def count(done: list[int], values: list[float]) -> int | None:
+        return done[1] if len(done) == 3 else None  # holds at the third mark
+
+    run = train_counting(tiny_data(), TrainConfig(global_batch=50, lr=0.1), [2, 4, 6, 8, 10],
+                         measure, count, threads=1)  # fmt: skip
+    assert run.first == 1.0 and run.marks == [2, 4, 6] and run.values == [2.0, 3.0, 4.0]
+    assert run.count == 4 and run.seconds > 0
+    with pytest.raises(ValueError, match="mark"):
+        train_counting(tiny_data(), TrainConfig(global_batch=50, lr=0.1), [], measure, count)
+
+
 def test_a_batch_larger_than_the_data_is_refused():
     with pytest.raises(ValueError, match="larger than"):
         train_to_target(tiny_data(), 500, 0.1, 0, 0.5, 5, threads=1)
@@ -133,6 +154,8 @@ def test_a_slow_rate_stops_once_its_count_could_not_be_under_twice_the_best():
     assert fast["reached"] and not slow["reached"]
     # the last checkpoint at or below twice the best count, not the cap of 200 steps
     assert slow["steps_run"] == max(m for m in checkpoints(200) if m <= 2 * fast["steps"])
+    assert slow["cut"] and not fast["cut"]  # stopped by that rule, short of the budget
+    assert "1 cut" in format_runs(runs)
     with pytest.raises(ValueError, match="slack"):
         runs_to_target(data, [50], [0.1], [0], 0.5, 1000, slack=1.0)
 
@@ -183,6 +206,9 @@ def test_every_seed_at_top_runs_the_top_rates_other_seeds_after_one_missed():
                           every_seed_at_top=True)  # fmt: skip
     per_rate = runs.groupby("lr")["seed"].apply(list).to_dict()
     assert per_rate == {1e-5: [0, 1], 1e-6: [0]} and not runs["reached"].any()
+    # no rate reached the target, so none was cut: each ran its whole budget of 30 steps
+    assert not runs["cut"].any() and (runs["steps_run"] == 30).all()
+    assert "0/2, 2 capped" in format_runs(runs)
 
 
 def fake_runs() -> pd.DataFrame:
@@ -238,6 +264,16 @@ def test_a_median_ending_in_a_half_is_printed_as_it_is():
     assert "2/2, 134.5 steps" in format_runs(runs.iloc[:2])
     best = best_per_batch(runs)
     assert "134.5" in format_best(best) and "17,216" in format_best(best)
+
+
+def test_runs_that_missed_are_reported_apart_as_cut_diverged_or_capped():
+    runs = fake_runs().assign(cut=False)
+    runs.loc[3, "cut"] = True  # batch 8, rate 0.2, seed 1: cut
+    runs.loc[8, "diverged"] = True  # batch 128, seed 0: diverged
+    table = format_runs(runs)
+    assert "1/2, 80 steps, 1 cut" in table and "1/2, 9 steps, 1 div" in table
+    runs.loc[3, "cut"] = False  # missed within its whole budget
+    assert "1/2, 80 steps, 1 capped" in format_runs(runs)
 
 
 def test_a_grid_rate_not_run_shows_a_dash_and_one_outside_the_grid_a_blank():

@@ -1,5 +1,6 @@
 """Notebook 06's runs-to-target figure draws what the runs recorded: each batch's loss along its
-best-rate run, the counted step on it, the target, and the steps per rate."""
+best-rate run, the counted step on it, the target, and the steps per rate; its rules-of-thumb
+figure, the best rates beside what two rules ask for."""
 
 import matplotlib
 
@@ -9,7 +10,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from helpers.experiments.large_batch import best_per_batch  # noqa: E402
-from helpers.notebook.large_batch_plots import plot_runs_to_target  # noqa: E402
+from helpers.notebook.large_batch_plots import (  # noqa: E402
+    plot_rules_of_thumb,
+    plot_runs_to_target,
+)
 
 
 def run(batch: int, lr: float, seed: int, reached: bool, steps: int) -> dict:
@@ -39,3 +43,24 @@ def test_the_figure_draws_each_batchs_best_run_its_count_and_the_steps_per_rate(
     assert medians[0].get_ydata().tolist() == [42]  # batch 8 at 0.1: median of 40 and 44
     crosses = [line for line in right.get_lines() if line.get_marker() == "x"]
     assert crosses[0].get_xdata().tolist() == [0.2] and crosses[0].get_ydata().tolist() == [75]
+
+
+def test_the_rules_figure_anchors_both_rules_at_the_smallest_batchs_best_rate():
+    best = pd.DataFrame({"global_batch": [32, 8, 128], "best_lr": [0.1, 0.05, 0.1]})
+    rates = {8: [0.05, 0.1], 32: [0.05, 0.1, 0.2], 128: [0.1, 0.2]}
+    fig = plot_rules_of_thumb(best, rates, 8.0, "data: test")
+    (ax,) = fig.axes
+    assert "data: test" in ax.get_title()
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    measured = lines["the best rate measured (section 1)"]
+    assert measured.get_xdata().tolist() == [8, 32, 128]  # sorted by batch
+    assert measured.get_ydata().tolist() == [0.05, 0.1, 0.1]
+    linear = lines["linear scaling: lr in proportion to B"]
+    np.testing.assert_allclose(linear.get_ydata()[[0, -1]], [0.05, 0.05 * 16])
+    (greedy,) = [line for label, line in lines.items() if label.startswith("McCandlish")]
+    # lr(B) / lr(8) = (B / (B + 8)) / (8 / 16): at 128, 0.05 * (128 / 136) * 2
+    np.testing.assert_allclose(greedy.get_ydata()[[0, -1]], [0.05, 0.05 * 2 * 128 / 136])
+    tried = [line for line in ax.get_lines() if line.get_marker() == "_"]
+    assert sum(len(line.get_xdata()) for line in tried) == 7  # every rate tried, at its batch
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(legend) == 4  # the rates tried once, the two rules, the measured best

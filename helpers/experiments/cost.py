@@ -19,7 +19,6 @@ figures with their sources: replace them with your own.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,11 +27,10 @@ import pandas as pd
 import torch
 
 from helpers.data import load_har
-from helpers.experiments.large_batch.target import reordered, stays_below
+from helpers.experiments.large_batch.target import stays_below, train_counting
 from helpers.experiments.scaling import StepFacts
-from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process, train_steps
-from helpers.training.config import epochs_for_min_steps, make_model, total_steps
-from helpers.training.runs import torch_threads
+from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process
+from helpers.training.config import epochs_for_min_steps, total_steps
 
 UNTIMED = 2  # steps before the clock starts (DDP builds its buckets at the first)
 
@@ -76,10 +74,6 @@ class Setup:
         )
 
 
-class _Reached(Exception):
-    """Raised from the evaluation after a step to stop the training once its count has held."""
-
-
 EVAL_SAMPLES = 2048  # training samples between two evaluations: about 3.6 an epoch at any batch
 WINDOW = 3  # evaluations the moving average spans: about 6,000 samples, under an epoch
 HOLD = 1.25  # a count stands once its average has stayed above the target for 25% more steps
@@ -99,37 +93,30 @@ def moving_average(values: Sequence[float], window: int = WINDOW) -> list[float]
 def steps_to_target(global_batch: int, target: float, seed: int, max_epochs: int,
                     lr: float = 0.05, data: str | None = None, threads: int = 1,
                     hold: float = HOLD) -> dict:  # fmt: skip
-    """Train seed ``seed`` in this process (its own initial weights and data order, as notebook
-    06's runs), evaluating the test accuracy every ``eval_every(global_batch)`` steps. The count
-    is the first evaluation from which the moving average of the last ``WINDOW`` accuracies
-    stays at or above ``target``; the run stops once that has held for ``hold`` times its steps
-    and ``WINDOW`` evaluations, or after ``max_epochs``. ``steps``: the count (``inf`` if none
-    held), with every evaluation's step and accuracy."""
+    """Train seed ``seed`` in this process (its own initial weights and data order: notebook
+    06's loop, ``train_counting``), evaluating the test accuracy every
+    ``eval_every(global_batch)`` steps. The count is the first evaluation from which the moving
+    average of the last ``WINDOW`` accuracies stays at or above ``target``; the run stops once
+    that has held for ``hold`` times its steps and ``WINDOW`` evaluations, or after
+    ``max_epochs``. ``steps``: the count (``inf`` if none held), with every evaluation's step and
+    accuracy."""
     har = load_har(data)
-    X, y = reordered(har, seed)
     X_test, y_test = torch.from_numpy(har.X_test), torch.from_numpy(har.y_test)
     config = TrainConfig(global_batch=global_batch, epochs=max_epochs, lr=lr, seed=seed,
                          data=har.source)  # fmt: skip
-    every, marks, accuracies = eval_every(global_batch), [], []
+    every = eval_every(global_batch)
+    marks = list(range(every, total_steps(config, len(har.y_train)) + 1, every))
 
-    def count() -> int | None:  # accuracy above the target is -accuracy below -target
+    def count(done: list[int], accuracies: list[float]) -> int | None:
+        # accuracy above the target is -accuracy below -target
         smoothed = [-a for a in moving_average(accuracies)]
-        return stays_below(marks[WINDOW - 1 :], smoothed, -target, hold, WINDOW)
+        return stays_below(done[WINDOW - 1 :], smoothed, -target, hold, WINDOW)
 
-    def evaluate(step: int, model: torch.nn.Module, _optimizer: torch.optim.Optimizer) -> None:
-        if step % every == 0:
-            marks.append(step)
-            accuracies.append(accuracy(model, X_test, y_test))
-            if count() is not None:
-                raise _Reached
-
-    with torch_threads(threads), contextlib.suppress(_Reached):
-        torch.manual_seed(seed)
-        train_steps(make_model(config), X, y, config, after_step=evaluate)
-    held = count()
+    run = train_counting(har, config, marks, lambda model: accuracy(model, X_test, y_test), count,
+                         threads)  # fmt: skip
     return {"global_batch": global_batch, "seed": seed,
-            "steps": math.inf if held is None else held, "marks": marks,
-            "accuracies": accuracies}  # fmt: skip
+            "steps": math.inf if run.count is None else run.count, "marks": run.marks,
+            "accuracies": run.values}  # fmt: skip
 
 
 def runs_to_target(global_batches: Sequence[int], seeds: Sequence[int], target: float,

@@ -1,8 +1,10 @@
 """Notebook 06's figures: the runs to a loss target (their loss, and the steps each rate took),
-steps against samples, and the noise scale along a run. Tables from
-``helpers.experiments.large_batch``."""
+steps against samples, the noise scale along a run, and the best rate beside the rules of thumb.
+Tables from ``helpers.experiments.large_batch``."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -105,5 +107,38 @@ def plot_noise_scale(along: pd.DataFrame, pooled: pd.DataFrame, b_crit: float, b
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle(f"The simple noise scale along a run\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rules_of_thumb(best: pd.DataFrame, rates: Mapping[int, Sequence[float]], b_noise: float,
+                        banner: str) -> Figure:  # fmt: skip
+    """The best rate at each batch (``best_per_batch``) against the batch, log axes, beside the
+    rates two rules ask for, both anchored at the smallest batch's best rate: linear scaling
+    (Goyal et al. 2017, rate in proportion to the batch) and McCandlish et al. 2018's
+    ``lr_max / (1 + B_noise / B)``. The rates tried at each batch are drawn behind: a rule's rate
+    above them was never tried, and the measured best can only lie among them."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, (batch, grid) in enumerate(sorted(rates.items())):
+        ax.plot([batch] * len(grid), grid, "_", color="grey", ms=16, mew=1.5,
+                label="the rates tried (section 1)" if i == 0 else None)  # fmt: skip
+    measured = best.sort_values("global_batch")
+    small, base = measured["global_batch"].iloc[0], measured["best_lr"].iloc[0]
+    b = np.geomspace(small, measured["global_batch"].iloc[-1], 200)
+    ax.plot(b, base * b / small, "--", color="C1", label="linear scaling: lr in proportion to B")
+    ax.plot(b, base * (b / (b + b_noise)) / (small / (small + b_noise)), ":", color="C2", lw=2,
+            label=f"McCandlish et al.: lr_max / (1 + B_noise / B), B_noise {b_noise:.0f}")
+    ax.plot(measured["global_batch"], measured["best_lr"], "o-", color="C0", ms=8,
+            label="the best rate measured (section 1)")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(measured["global_batch"], [f"{v:d}" for v in measured["global_batch"]])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.set_xlabel("global batch B (log scale)")
+    ax.set_ylabel("learning rate (log scale)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"The best rate against the batch, and two rules anchored at batch {small}\n"
+                 f"{banner}", fontsize=10)  # fmt: skip
     fig.tight_layout()
     return fig

@@ -2,7 +2,8 @@
 
 * ``runs_to_target`` trains every (global batch, learning rate, seed) until the training loss on
   a fixed subset reaches a target (or, with ``hold=HOLD``, stays below it), and counts the
-  steps and samples it took (``target``).
+  steps and samples it took (``target``); ``train_counting`` is its loop, which notebook 11's
+  counts to a test accuracy share (``helpers.experiments.cost``).
 * ``best_per_batch`` picks each batch's best rate (fewest steps, every seed there);
   ``fit_steps_samples`` fits McCandlish et al. 2018's trade-off ``S = S_min + E_min / B`` to
   those runs, whose ratio ``E_min / S_min`` is the critical batch (``curve``).
@@ -24,6 +25,7 @@ from helpers.experiments.large_batch.report import format_best, format_noise, fo
 from helpers.experiments.large_batch.target import (
     EVAL_SAMPLES,
     HOLD,
+    Counted,
     TargetRun,
     checkpoints,
     confirmed_by,
@@ -32,12 +34,14 @@ from helpers.experiments.large_batch.target import (
     reordered,
     runs_to_target,
     stays_below,
+    train_counting,
     train_to_target,
 )
 
 __all__ = [
     "EVAL_SAMPLES",
     "HOLD",
+    "Counted",
     "TargetRun",
     "at_best_rate",
     "best_per_batch",
@@ -54,5 +58,6 @@ __all__ = [
     "reordered",
     "runs_to_target",
     "stays_below",
+    "train_counting",
     "train_to_target",
 ]

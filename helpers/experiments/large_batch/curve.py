@@ -15,9 +15,10 @@ from helpers.experiments.large_batch.target import (
     eval_loss,
     eval_subset,
     reordered,
-    train_to_target,
+    train_counting,
 )
 from helpers.experiments.noise_scale import measure_noise_scale
+from helpers.training import TrainConfig
 
 
 def best_per_batch(runs: pd.DataFrame) -> pd.DataFrame:
@@ -98,9 +99,10 @@ def noise_scale_along_run(
                 }
             )
 
-        train_to_target(
-            data, global_batch, lr, seed, 0.0, max(at_steps), threads=threads, after_step=measure
-        )
+        # measure does the evaluating: the loop evaluates nothing of its own, and never stops
+        config = TrainConfig(global_batch=global_batch, lr=lr, seed=seed)
+        train_counting(data, config, [max(at_steps)], lambda model: 0.0, lambda done, v: None,
+                       threads, after_step=measure)  # fmt: skip
     return pd.DataFrame(rows)
 
 

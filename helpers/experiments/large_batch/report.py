@@ -14,16 +14,24 @@ def _steps(median: float) -> str:
 
 
 def format_runs(runs: pd.DataFrame, rates: Mapping[int, Sequence[float]] | None = None) -> str:
-    """Batch by rate: the seeds that reached the target, and their steps (median, exact: a
-    median of 2 can end in .5); "div": some seed diverged (a loss not finite, or ending above
-    its first). With ``rates``, each batch's grid: a rate of it not run (``runs_to_target``'s
+    """Batch by rate: the seeds that reached the target of the seeds run, and their steps
+    (median, exact: a median of 2 can end in .5); then, apart, the runs that did not: "div"
+    (diverged: a loss not finite, or ending above its first), "cut" (stopped by
+    ``runs_to_target``'s slack rule, once it could no longer be the best) and "capped" (ran its
+    whole budget). With ``rates``, each batch's grid: a rate of it not run (``runs_to_target``'s
     rules skipped it) shows "-", a rate outside it stays blank."""
 
     def cell(at: pd.DataFrame) -> str:
         reached = at[at["reached"]]
-        text = f"{len(reached)}/{len(at)}"
-        text += f", {_steps(reached['steps'].median())} steps" if len(reached) else ""
-        return text + (" div" if at["diverged"].any() else "")
+        missed = at[~at["reached"]]
+        div = missed["diverged"]
+        cut = ~div & (missed["cut"] if "cut" in missed else False)
+        parts = [f"{len(reached)}/{len(at)}"]
+        parts += [f"{_steps(reached['steps'].median())} steps"] if len(reached) else []
+        for count, name in ((cut.sum(), "cut"), (div.sum(), "div"),
+                            ((~cut & ~div).sum(), "capped")):  # fmt: skip
+            parts += [f"{count} {name}"] if count else []
+        return ", ".join(parts)
 
     table = runs.groupby(["global_batch", "lr"]).apply(cell, include_groups=False).unstack("lr")
     if rates is not None:

@@ -34,7 +34,10 @@ from helpers.training.model import make_mlp
 from helpers.training.order import worker_order
 from helpers.training.schedules import Constant, Schedule, WarmupSteps
 
-EVAL_SAMPLES = 1024  # the fixed subset the training loss is evaluated on
+# the fixed subset the training loss is evaluated on: 512 samples, every 14th. An evaluation is a
+# forward pass over them at every checkpoint of every run: at 1,024, about a third of the
+# arithmetic of notebook 06's grid. A count is known to the checkpoints' 10% either way
+EVAL_SAMPLES = 512
 HOLD = 1.25  # hold: a count stands once the loss has stayed below the target for 25% more steps
 
 
@@ -125,6 +128,69 @@ def eval_loss(model: torch.nn.Module, X_eval: torch.Tensor, y_eval: torch.Tensor
         return F.cross_entropy(model(X_eval), y_eval).item()
 
 
+@dataclass(frozen=True)
+class Counted:
+    """What ``train_counting`` saw: the measure at initialisation (``first``), at every mark it
+    reached (``marks``, ``values``), the count (None if none held) and the training seconds."""
+
+    first: float
+    marks: list[int]
+    values: list[float]
+    count: int | None
+    seconds: float
+
+
+def train_counting(
+    data: HARData,
+    config: TrainConfig,
+    marks: Sequence[int],
+    measure: Callable[[torch.nn.Module], float],
+    count: Callable[[list[int], list[float]], int | None],
+    threads: int = 2,
+    after_step: Callable[[int, torch.nn.Module], None] | None = None,
+) -> Counted:
+    """The one loop behind every count to a target (notebooks 06 and 11): plain SGD on
+    ``config.global_batch`` samples a step at ``config``'s rate and schedule, seed
+    ``config.seed`` for the initial weights and the data order (``reordered``).
+    ``measure(model)`` runs before the first step and after each step in ``marks``; the run
+    stops once ``count(marks so far, values so far)`` gives a count, at a value that is not
+    finite, or at the last mark. ``after_step(steps_done, model)`` runs before the first step
+    (0) and after every step, off the clock (notebook 06 measures the noise scale there)."""
+    X, y = reordered(data, config.seed)
+    per_epoch = steps_per_epoch(len(X), config.global_batch)
+    if per_epoch < 1:
+        raise ValueError(
+            f"batch {config.global_batch} is larger than the {len(X)} training samples"
+        )
+    if not marks:
+        raise ValueError("no step to measure at: give at least one mark")
+    with torch_threads(threads):
+        torch.manual_seed(config.seed)
+        model = make_mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+        first, values, done, counted = measure(model), [], [], None
+        seconds, order = 0.0, None
+        if after_step is not None:
+            after_step(0, model)
+        for step in range(marks[-1]):
+            epoch, i = divmod(step, per_epoch)
+            if order is None or i == 0:
+                order = worker_order(len(X), epoch, 0)
+            started = time.perf_counter()
+            batch = order[i * config.global_batch : (i + 1) * config.global_batch]
+            sgd_step(model, optimizer, X, y, batch, config, lr_at(config, step, per_epoch))
+            seconds += time.perf_counter() - started
+            if after_step is not None:
+                after_step(step + 1, model)
+            if step + 1 == marks[len(done)]:
+                done.append(step + 1)
+                values.append(measure(model))
+                counted = count(done, values)
+                if counted is not None or not math.isfinite(values[-1]):
+                    break  # the count held, or the value is not finite
+    return Counted(first, done, values, counted, seconds)
+
+
 def train_to_target(
     data: HARData,
     global_batch: int,
@@ -142,59 +208,36 @@ def train_to_target(
     ``warmup_steps``), seed ``seed`` for the initial weights and the data order, until the
     training loss on the evaluation subset has stayed at most ``target`` for ``hold`` times the
     steps to where it went below for good, and for ``evals`` evaluations (``stays_below``), or
-    ``max_steps``, or a loss that is not finite. ``after_step(steps_done, model)`` runs before
-    the first step (0) and after every step, off the clock (notebook 06 measures the noise
-    scale there)."""
-    X, y = reordered(data, seed)
+    ``max_steps``, or a loss that is not finite (``train_counting``, at ``checkpoints``)."""
     X_eval, y_eval = eval_subset(data)
     schedule: Schedule = WarmupSteps(warmup_steps) if warmup_steps > 0 else Constant()
     config = TrainConfig(global_batch=global_batch, lr=lr, seed=seed, schedule=schedule)
-    per_epoch = steps_per_epoch(len(X), global_batch)
-    if per_epoch < 1:
-        raise ValueError(f"batch {global_batch} is larger than the {len(X)} training samples")
-    marks = checkpoints(max_steps)
-    with torch_threads(threads):
-        torch.manual_seed(seed)
-        model = make_mlp()
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        first, losses, done = eval_loss(model, X_eval, y_eval), [], []
-        seconds, order = 0.0, None
-        if after_step is not None:
-            after_step(0, model)
-        for step in range(max_steps):
-            epoch, i = divmod(step, per_epoch)
-            if order is None or i == 0:
-                order = worker_order(len(X), epoch, 0)
-            started = time.perf_counter()
-            batch = order[i * global_batch : (i + 1) * global_batch]
-            sgd_step(model, optimizer, X, y, batch, config, lr_at(config, step, per_epoch))
-            seconds += time.perf_counter() - started
-            if after_step is not None:
-                after_step(step + 1, model)
-            if step + 1 == marks[len(done)]:
-                done.append(step + 1)
-                losses.append(eval_loss(model, X_eval, y_eval))
-                held = stays_below(done, losses, target, hold, evals) is not None
-                if held or not math.isfinite(losses[-1]):
-                    break  # the count held, or the loss is not finite
-    counted = stays_below(done, losses, target, hold, evals)  # None after a non-finite loss
-    steps = done[-1] if counted is None else counted
+    run = train_counting(
+        data,
+        config,
+        checkpoints(max_steps),
+        lambda model: eval_loss(model, X_eval, y_eval),
+        lambda done, losses: stays_below(done, losses, target, hold, evals),
+        threads,
+        after_step,
+    )
+    steps = run.marks[-1] if run.count is None else run.count
     return TargetRun(
         global_batch=global_batch,
         lr=lr,
         seed=seed,
         warmup_steps=warmup_steps,
         target=target,
-        reached=counted is not None,
+        reached=run.count is not None,
         steps=steps,
         samples=steps * global_batch,
-        steps_run=done[-1],
-        first_loss=first,
-        final_loss=losses[-1],
-        diverged=diverged(first, losses),
-        seconds=seconds,
-        checkpoints=done,
-        losses=losses,
+        steps_run=run.marks[-1],
+        first_loss=run.first,
+        final_loss=run.values[-1],
+        diverged=diverged(run.first, run.values),
+        seconds=run.seconds,
+        checkpoints=run.marks,
+        losses=run.values,
     )
 
 
@@ -236,7 +279,8 @@ def runs_to_target(
     * a rate is skipped below a lower rate than the best that lost to it (plain SGD at a rate
       smaller still only takes more steps), or above a rate where a seed diverged.
 
-    ``hold``, ``evals``: as in ``train_to_target``. One row per run (``TargetRun``)."""
+    ``hold``, ``evals``: as in ``train_to_target``. One row per run (``TargetRun``), and
+    ``cut``: whether the first rule stopped it short of the target and of the budget."""
     if slack <= 1:
         raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
     rows = []
@@ -258,7 +302,8 @@ def runs_to_target(
                 run = train_to_target(
                     data, batch, lr, seed, target, limit, threads=threads, hold=hold, evals=evals
                 )
-                rows.append(run.__dict__)
+                # cut: stopped at the slack limit, short of the budget, without the target
+                rows.append({**run.__dict__, "cut": not run.reached and limit < cap})
                 diverging += [lr] if run.diverged else []
                 if not run.reached and not (every_seed_at_top and lr == max(grid)):
                     break  # this rate cannot be the best: its other seeds would be wasted
