@@ -61,7 +61,6 @@ def _close(record: dict, reference: dict) -> bool:
     return max(gaps(record, reference).values()) < SAME_STEPS_ATOL
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_tensor_parallel_training_is_one_workers(tensor_parallel, reference):
     records, _ = tensor_parallel
     for record in records:
@@ -104,7 +103,6 @@ def test_megatron_plan_pairs_the_hidden_layers():
     assert tensor_messages(deep) == [ACTIVATION] * 3  # 2 forward, 1 backward
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_pipelines_train_as_one_worker_and_unscaled_gradients_are_caught(pipelined, reference):
     for key in (("GPipe", 4, True), ("1F1B", 4, True)):
         assert _close(assemble([r["trained"][key] for r in pipelined]), reference), key

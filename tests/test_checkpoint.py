@@ -64,7 +64,6 @@ def uninterrupted(data):
     return digest, losses
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_resuming_after_a_kill_gives_the_same_weights_bit_for_bit(data, uninterrupted, tmp_path):
     with pytest.raises(Killed):
         train(data, tmp_path, ck.Fault(0, 5))  # killed after step 5, mid epoch 2
@@ -157,7 +156,6 @@ def test_a_rank_that_cannot_see_rank_0s_checkpoint_stops_every_rank(data, tmp_pa
     assert launch(workers.resume_from_own_folder, 2, str(tmp_path), collective_timeout=30) == [2, 2]
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_a_resumed_rank_gets_the_mean_of_every_ranks_losses(tmp_path):
     """Each rank records its own local loss (here rank + 1). DCP keeps one rank's copy of a tensor
     saved by every rank under one key, so the checkpoint must hold their mean, or every resumed

@@ -27,7 +27,6 @@ LENGTHS = [1, 2, 7, 10, 1001, 200_001]
 TIMEOUT = 30  # seconds a collective may wait: a deadlocked ring fails in 30 s, not 120
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_allreduce_equals_dist_allreduce(world: int):
     cases = [(n, torch.float64) for n in LENGTHS] + [(n, torch.int64) for n in LENGTHS[:4]]
@@ -66,7 +65,6 @@ def test_ring_allreduce_refuses_non_contiguous_and_leaves_a_world_of_one_alone()
     assert ring_allreduce_fn(t, 0, 1) is t and torch.equal(t, torch.arange(5.0))
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 @pytest.mark.parametrize("world", [2, 3])
 def test_collectives_tour_gives_every_rank_what_each_collective_must(world: int):
     tour = launch(collectives_tour, world, collective_timeout=TIMEOUT)
@@ -141,7 +139,6 @@ def test_measure_allreduce_times_each_size_for_the_world_sizes_that_fit():
         measure_allreduce(world_sizes=[64], sizes=[4096])
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_reduce_scatter_then_all_gather_is_an_all_reduce():
     from helpers.dist.collectives import allreduce_in_two_halves
 

@@ -35,7 +35,6 @@ def ddp_facts():
     return launch(workers.ddp_communication, 2, CAPS, STEPS, RANK)
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_bucket_plan_is_the_buckets_ddp_builds(ddp_facts):
     for cap in CAPS:
         plan = [b.nbytes for b in bk.bucket_plan(make_mlp(), cap)]
@@ -46,7 +45,6 @@ def test_bucket_plan_is_the_buckets_ddp_builds(ddp_facts):
     assert len(bk.bucket_plan(make_mlp(), 25)) == 1
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_ddp_bucket_record_is_what_ddp_logs_for_any_widths():
     # the reference MLP's widths: DDP's record matches the plan at every cap (the ReLUs hold no
     # parameters), on every rank

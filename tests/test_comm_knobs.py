@@ -24,7 +24,6 @@ def study():
     return ce.time_knobs(rounds=1)
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_every_knob_is_on_where_it_acts(study):
     table = ce.knob_table(study).set_index("variant")
     for knob in ce.KNOBS:

@@ -66,7 +66,6 @@ def train_windows(session_har_root) -> pl.WindowFeatures:
 # --------------------------------------------------------------------------- the data
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 @needs_recordings
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_on_the_fly_features_equal_the_cached_ones(split, train_windows, session_har_root):

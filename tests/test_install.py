@@ -139,7 +139,6 @@ def test_the_wheel_installs_every_subpackage_and_loads_data_without_the_checkout
     assert not list(target.rglob("*.npz")) and not (target / "har").exists()
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_an_installed_package_keeps_its_data_in_the_user_cache(installed, tmp_path):
     _, target = installed
     code = (

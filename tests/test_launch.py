@@ -33,7 +33,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_results_come_back_in_rank_order_with_the_collective_done():
     results = launch(workers.rank_and_sum, 3, 2.0, threads_per_worker=1)
     assert [r[0] for r in results] == [0, 1, 2]

@@ -65,7 +65,6 @@ def test_a_failed_command_ends_the_others_after_the_grace(tmp_path: Path):
     assert done[0].stdout == "waiting\n"
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_past_the_deadline_the_error_carries_what_each_command_printed():
     waits = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"]
     with pytest.raises(TimedOut) as stopped:

@@ -75,7 +75,6 @@ def warm_runs():
     return run_training(1, WARM), run_training(2, WARM)
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_a_warmup_trains_the_same_on_any_world_size(warm_runs):
     one, two = warm_runs
     assert one.steps == two.steps == 2 * (7352 // 512)

@@ -67,7 +67,6 @@ def fsdp_run(tmp_path_factory):
     return run_training(2, replace(CONFIG, sync="fsdp2"), probe=probe), path
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_fsdp2_trains_like_ddp_for_the_configured_steps(ddp_run, fsdp_run):
     fsdp, _ = fsdp_run
     assert fsdp.steps == ddp_run.steps == 5 and len(fsdp.losses) == 5
@@ -206,7 +205,6 @@ def test_stored_bytes_counts_each_storage_once_and_whole():
     assert stored_bytes([weights[:2].clone()]) == 32
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_each_fsdp2_worker_stores_half_of_every_part_after_a_momentum_step():
     """Notebook 08's exercise 1 grades against these storages: on 2 workers every part, the
     momentum included, is split evenly (the reference MLP's rows are even)."""
@@ -258,7 +256,6 @@ def test_bad_settings_are_refused_in_one_line(change, words):
         make_optimizer(make_mlp(), replace(CONFIG, optimizer="lamb"))
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_fsdp2_models_are_built_sharded_with_make_mlps_weights():
     """No rank builds the whole model: each holds half the parameters from the start, and
     together they hold exactly the weights make_mlp draws under the seed."""

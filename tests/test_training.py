@@ -67,7 +67,6 @@ def steps_taken(monkeypatch) -> list[int]:
     return taken
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_two_workers_train_exactly_like_one(one_worker, two_workers):
     assert two_workers.steps == one_worker.steps
     # Same weights up to float rounding (the sum of two half-batch gradients is added in a
@@ -175,7 +174,6 @@ def test_the_step_count_is_the_steps_taken(steps_taken):
     assert alone.steps == len(steps_taken) > 0
 
 
-@pytest.mark.slow  # several seconds: make test-slow runs it
 def test_untimed_steps_change_the_clock_not_the_training(steps_taken):
     # 7352 // 4096 = 1 step per epoch: 2 epochs take 2 steps, so 2 untimed would leave none
     with pytest.raises(ValueError, match=r"untimed_steps must be from 0 to 1 .*2 steps"):
