@@ -4,8 +4,6 @@
 """
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,8 +89,3 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # Leave without the interpreter's teardown, where under load a worker that has finished can
-    # abort ("terminate called without an active exception"): flush the output, exit at once.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
