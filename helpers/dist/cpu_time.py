@@ -1,6 +1,6 @@
 """How the CPUs spent their time, from Linux's ``/proc/stat``: one reader for the steal time of
 02's wake-up probe and the idle share recorded before a timing (07, 08), which both need the
-same counters."""
+same counters; and one reader of a process's own ``/proc/<pid>/stat`` line."""
 
 from __future__ import annotations
 
@@ -32,4 +32,14 @@ def read_stat(stat: Path = STAT) -> str | None:
     try:
         return stat.read_text()
     except OSError:
+        return None
+
+
+def process_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (so index 0 is field 3, the
+    state; utime is index 11, the start time index 19), or None where the process has gone or
+    there is no /proc (not Linux). Split after the last ")": a command name may hold spaces."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch.distributed import constants
 
 from helpers.dist.cluster import run_torchrun
+from helpers.dist.cpu_time import process_stat
 from helpers.dist.launch import WorkerError, launch
 from helpers.experiments import leftovers
 
@@ -247,9 +248,8 @@ def cpu_seconds(pid: int) -> float | None:
     """CPU time (user and system) process ``pid`` has used so far, None if it has gone: from
     /proc on Linux, from ``ps`` elsewhere (macOS, to the hundredth of a second)."""
     if sys.platform.startswith("linux"):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = process_stat(pid)
+        if fields is None:
             return None
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     out = subprocess.run(["ps", "-o", "time=", "-p", str(pid)], capture_output=True,

@@ -22,15 +22,15 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from helpers.dist.cpu_time import process_stat
+
 MARKER = ".ddp-course-workspace"  # in each folder: its kernel's process id and start time
 
 
 def _identity(pid: int) -> str:
     """``pid`` and, on Linux, its start time: a later process given the same id differs."""
-    try:
-        started = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        started = ""  # no /proc (macOS): the id alone
+    fields = process_stat(pid)
+    started = fields[19] if fields else ""  # no /proc (macOS): the id alone
     return f"{pid} {started}"
 
 
