@@ -190,3 +190,17 @@ def test_ci_runs_the_second_pass_on_the_notebooks_the_readme_names_and_the_slow_
     training = [p.name for p in notebooks if "from helpers.data import" in p.read_text()]
     assert training, "no notebook loads the data: this check would prove nothing"
     assert second_pass("test-other-processor") == training
+
+
+def test_every_notebook_has_a_session_that_says_what_students_leave_able_to_do():
+    """COURSE.md's session table: each notebook in a session's row, whose last column is what the
+    students can then do (words, not a timing copied from the table of times below it)."""
+    course = ROOT.joinpath("COURSE.md").read_text()
+    table = course.split("| session | notebooks |", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table.splitlines()[2:]]
+    named = sorted(re.findall(r"`(\d\d_\w+)`", " ".join(row[1] for row in rows)))
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert named == notebooks
+    for session, _, able in rows:
+        assert not re.match(r"\d+ s\b", able), f"{session}: a timing where its outcomes belong"
+        assert len(able.split()) >= 12, f"{session}: {able!r}"
