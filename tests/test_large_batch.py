@@ -211,6 +211,60 @@ def test_every_seed_at_top_runs_the_top_rates_other_seeds_after_one_missed():
     assert "0/2, 2 capped" in format_runs(runs)
 
 
+def scripted(monkeypatch, counts: dict) -> list:
+    """``runs_to_target`` over scripted runs: ``counts[(lr, seed)]`` is the step at which that
+    run's loss stays below the target (None: never); a run reaches it within a limit at or past
+    that step. Returns the (lr, seed, limit) of every run, in order."""
+    from types import SimpleNamespace
+
+    from helpers.experiments.large_batch import target as module
+
+    calls = []
+
+    def fake(data, batch, lr, seed, target, limit, **kw):
+        calls.append((lr, seed, limit))
+        count = counts[(lr, seed)]
+        reached = count is not None and count <= limit
+        return SimpleNamespace(global_batch=batch, lr=lr, seed=seed, reached=reached,
+                               steps=count if reached else limit, steps_run=limit,
+                               diverged=False)  # fmt: skip
+
+    monkeypatch.setattr(module, "train_to_target", fake)
+    return calls
+
+
+def test_a_rates_later_seed_has_the_budget_its_earlier_seeds_left(monkeypatch):
+    """With 2 seeds the median is their mean: a rate can beat a best median of 110 only if its
+    seeds' counts add up to at most 220, so once seed 0 took 150, seed 1 has 70 steps left."""
+    calls = scripted(monkeypatch, {(0.1, 0): 100, (0.1, 1): 120, (0.05, 0): 150, (0.05, 1): 80})
+    runs = runs_to_target(None, [8], [0.1, 0.05], [0, 1], 0.4, 8 * 1000)
+    assert calls[2:] == [(0.05, 0, confirmed_by(220, 1000)), (0.05, 1, confirmed_by(70, 1000))]
+    assert runs["cut"].tolist() == [False, False, False, True]
+    assert best_per_batch(runs)["best_lr"].tolist() == [0.1]
+
+
+def test_the_top_rates_seeds_stop_once_slower_than_themselves_at_the_best_rate(monkeypatch):
+    counts = {(0.1, 0): 100, (0.1, 1): 120, (0.2, 0): None, (0.2, 1): 200}
+    calls = scripted(monkeypatch, counts)
+    runs = runs_to_target(None, [8], [0.1, 0.2], [0, 1], 0.4, 8 * 1000, every_seed_at_top=True)
+    # each seed until it passed its own count at 0.1, not twice the best median (220)
+    assert calls[2:] == [(0.2, 0, confirmed_by(100, 1000)), (0.2, 1, confirmed_by(120, 1000))]
+    assert "0/2, 2 cut" in format_runs(runs)
+    assert best_per_batch(runs)["best_lr"].tolist() == [0.1]
+
+
+def test_a_top_rate_seed_that_reaches_the_target_sends_the_others_back_to_the_budget(monkeypatch):
+    """Seed 0 at 0.2 is slower than at 0.1 (105 > 100), but seed 1 much faster (60 < 120): their
+    mean, 82.5, beats 0.1's 110, so seed 0 is run again with the budget seed 1 left (160)."""
+    counts = {(0.1, 0): 100, (0.1, 1): 120, (0.2, 0): 105, (0.2, 1): 60}
+    calls = scripted(monkeypatch, counts)
+    runs = runs_to_target(None, [8], [0.1, 0.2], [0, 1], 0.4, 8 * 1000, every_seed_at_top=True)
+    assert calls[2:] == [(0.2, 0, confirmed_by(100, 1000)), (0.2, 1, confirmed_by(120, 1000)),
+                         (0.2, 0, confirmed_by(160, 1000))]  # fmt: skip
+    assert len(runs) == 4 and runs["reached"].all()  # the rerun replaced the short run
+    assert best_per_batch(runs)["best_lr"].tolist() == [0.2]
+
+
 def fake_runs() -> pd.DataFrame:
     rows = []
     for batch, lr, seed, reached, steps in [

@@ -252,6 +252,49 @@ def confirmed_by(count: int, max_steps: int, hold: float = 1.0, evals: int = 1) 
                               math.ceil(hold * marks[last])))  # fmt: skip
 
 
+def _limit(
+    cap: int, best: float, counts: Sequence[int], slack: float, hold: float, evals: int
+) -> int:
+    """A seed's step limit: the cap, or, once a rate has brought every seed to the target, the
+    step that confirms a count of ``slack`` times the best median less ``counts``, the counts
+    of its rate's seeds so far (``confirmed_by``; at least 1 step)."""
+    if not math.isfinite(best):
+        return cap
+    return confirmed_by(max(1, math.floor(slack * best - sum(counts))), cap, hold, evals)
+
+
+def _seeds_at_rate(
+    run: Callable[[int, int], dict],
+    seeds: Sequence[int],
+    limit: Callable[[list[int]], int],
+    own: Mapping[int, int],
+    top: bool,
+    confirm: Callable[[int], int],
+) -> tuple[list[dict], dict[int, int]]:
+    """One rate's runs (``run(seed, limit)``) and the counts of the seeds that reached the
+    target, by ``runs_to_target``'s rules: ``limit(counts so far)``; ``own``, at a top rate,
+    each seed's count at the best rate, a run's limit (``confirm``) until one reaches it."""
+    rows: list[dict] = []
+    counts: dict[int, int] = {}
+    for seed in seeds:
+        steps = limit(list(counts.values()))
+        if own and not counts:  # the top rate, until a seed of it reaches the target
+            steps = min(steps, confirm(own[seed]))
+        rows.append(run(seed, steps))
+        if rows[-1]["reached"]:
+            counts[seed] = rows[-1]["steps"]
+        elif not top:
+            break  # this rate cannot be the best: its other seeds would be wasted
+    if own and counts:  # a top-rate seed reached the target: the rate may be the best
+        for i, row in enumerate(rows):
+            steps = limit(list(counts.values()))
+            if row["cut"] and not row["diverged"] and steps > row["steps_run"]:
+                rows[i] = run(row["seed"], steps)
+                if rows[i]["reached"]:
+                    counts[row["seed"]] = rows[i]["steps"]
+    return rows, counts
+
+
 def runs_to_target(
     data: HARData,
     batches: Sequence[int],
@@ -269,24 +312,29 @@ def runs_to_target(
     ``lrs``: the rates, in the order run, the same at every batch or a batch's own grid
     (``{batch: rates}``). Three rules spare runs that cannot give a batch's best rate:
 
-    * once a rate has brought every seed to the target, a later run stops once its count could
-      no longer be under ``slack`` times the fewest median steps so far (``confirmed_by``): with
-      2 seeds the median is their mean, so a seed over twice the best median cannot make its
-      rate the best (``slack = 2``; with more seeds, slack is a judgement);
+    * once a rate has brought every seed to the target, a rate's seeds share a budget of
+      ``slack`` times the fewest median steps so far: a run stops once its count could no longer
+      be under that budget less the counts of its rate's seeds before it (``confirmed_by``).
+      With 2 seeds the median is their mean, so a rate over that budget cannot be the best
+      (``slack = 2``; with more seeds, slack is a judgement);
     * a rate's other seeds are not run once one seed missed the target: the best rate needs
       every seed there (``best_per_batch``). With ``every_seed_at_top``, a grid's top rate runs
-      every seed even so: that the top rate loses then rests on every seed, not the first;
+      every seed even so, each until it has taken more steps than the same seed at the best
+      rate so far: that the top rate loses then rests on every seed, not the first. (Should one
+      of them reach the target, the rate may be the best: its seeds stopped that way are run
+      again, to the budget);
     * a rate is skipped below a lower rate than the best that lost to it (plain SGD at a rate
       smaller still only takes more steps), or above a rate where a seed diverged.
 
     ``hold``, ``evals``: as in ``train_to_target``. One row per run (``TargetRun``), and
-    ``cut``: whether the first rule stopped it short of the target and of the budget."""
+    ``cut``: whether a rule stopped it short of the target and of the budget."""
     if slack <= 1:
         raise ValueError(f"slack must be above 1 (a run must be allowed to be slower), got {slack}")
     rows = []
     for batch in batches:
         grid = lrs[batch] if isinstance(lrs, Mapping) else lrs
         cap, medians, diverging = max(1, max_samples // batch), {}, []
+        counted: dict[float, dict[int, int]] = {}  # per rate, each seed's count at the target
         for lr in grid:
             best = min(medians.values(), default=math.inf)
             best_lr = min((r for r in medians if medians[r] == best), default=math.inf)
@@ -294,20 +342,26 @@ def runs_to_target(
                 r < lr for r in diverging
             ):
                 continue
-            counts = []
-            for seed in seeds:
-                limit = cap
-                if math.isfinite(best):
-                    limit = confirmed_by(math.floor(slack * best), cap, hold, evals)
-                run = train_to_target(
+
+            def run(seed: int, limit: int, batch: int = batch, lr: float = lr, cap: int = cap):
+                done = train_to_target(
                     data, batch, lr, seed, target, limit, threads=threads, hold=hold, evals=evals
                 )
-                # cut: stopped at the slack limit, short of the budget, without the target
-                rows.append({**run.__dict__, "cut": not run.reached and limit < cap})
-                diverging += [lr] if run.diverged else []
-                if not run.reached and not (every_seed_at_top and lr == max(grid)):
-                    break  # this rate cannot be the best: its other seeds would be wasted
-                counts.append(run.steps)
+                # cut: stopped at a rule's limit, short of the budget, without the target
+                return {**done.__dict__, "cut": not done.reached and limit < cap}
+
+            top = every_seed_at_top and lr == max(grid)
+            at_rate, counts = _seeds_at_rate(
+                run,
+                seeds,
+                lambda counts, cap=cap, best=best: _limit(cap, best, counts, slack, hold, evals),
+                counted.get(best_lr, {}) if top else {},
+                top,
+                lambda count, cap=cap: confirmed_by(count, cap, hold, evals),
+            )
+            rows += at_rate
+            diverging += [lr] if any(row["diverged"] for row in at_rate) else []
+            counted[lr] = counts
             reached = len(counts) == len(seeds)
-            medians[lr] = float(pd.Series(counts).median()) if reached else math.inf
+            medians[lr] = float(pd.Series(list(counts.values())).median()) if reached else math.inf
     return pd.DataFrame(rows)
