@@ -40,6 +40,16 @@ def test_zero_stages_stacks_each_stages_bytes_per_world_size():
     plt.close(fig)
 
 
+def test_zero_stages_draw_a_budget_across_every_panel_when_given():
+    fig = plot_zero_stages(8e6, "adam", [1, 4], "model: X", budget=100.0)
+    for ax in fig.axes:
+        (line,) = ax.get_lines()
+        assert list(line.get_ydata()) == [100.0, 100.0]
+        assert ax.get_ylim()[1] > 100.0
+    assert not plot_zero_stages(8e6, "adam", [1], "model: X").axes[0].get_lines()
+    plt.close("all")
+
+
 def test_activation_peaks_draw_one_line_per_schedule_and_stage():
     peaks = pd.DataFrame([
         {"schedule": s, "m": m, "stage": st, "activations MB": (st + 1) * m if s == "GPipe" else 1}

@@ -119,3 +119,32 @@ def test_replay_by_kind_sums_each_kinds_calls_and_refuses_a_run_not_replayed():
     assert (label(run), "all-reduce") not in table.index  # no call of that kind, no row
     with pytest.raises(ValueError, match="replay_repeats"):
         replay_by_kind([run_result(sync="ddp", probes=[{**probe, "replay_call_seconds": None}])])
+
+
+def test_the_split_figure_stacks_compute_collectives_and_the_rest_of_each_step():
+    import pandas as pd
+
+    from helpers.notebook.sharding_plots import plot_step_split
+
+    index = pd.MultiIndex.from_tuples([("quiet", "DDP, 2 workers"), ("quiet", "FSDP2, 2 workers")],
+                                      names=["launch", "run"])  # fmt: skip
+    table = pd.DataFrame({"step ms": [30.0, 40.0], "compute ms": [20.0, 20.0],
+                          "collectives alone ms": [12.0, 15.0], "left ms": [-2.0, 5.0],
+                          "faults per step, fewest rank": [0, 10],
+                          "faults per step, most": [0, 12]}, index=index)  # fmt: skip
+    fig = plot_step_split(table, "test data")
+    (ax,) = fig.axes
+    compute, alone, left = ax.patches[:2], ax.patches[2:4], ax.patches[4:]
+    np.testing.assert_allclose([b.get_width() for b in compute], [20.0, 20.0])
+    np.testing.assert_allclose([b.get_width() for b in alone], [12.0, 15.0])
+    np.testing.assert_allclose([b.get_x() for b in alone], [20.0, 20.0])  # after the compute
+    # what is left starts where the collectives end, and a negative rest reaches back over them
+    np.testing.assert_allclose([b.get_x() for b in left], [32.0, 35.0])
+    np.testing.assert_allclose([b.get_x() + b.get_width() for b in left], [30.0, 40.0])
+    assert compute[0].get_y() > compute[1].get_y()  # the first row on top
+    labels = [t.get_text() for t in ax.texts]
+    assert labels == ["30 ms, 0 faults", "40 ms, 12 faults"]
+    ticks = dict(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels()), strict=True))
+    assert ticks[max(ticks)] == "quiet: DDP, 2 workers"
+    assert ticks[min(ticks)] == "quiet: FSDP2, 2 workers"
+    assert "test data" in ax.get_title()

@@ -275,10 +275,11 @@ def plot_memory(table: pd.DataFrame, banner: str, source: str) -> Figure:
 
 
 def plot_zero_stages(param_bytes: float, optimizer: str, world_sizes: list[int],
-                     source: str) -> Figure:  # fmt: skip
+                     source: str, budget: float | None = None) -> Figure:  # fmt: skip
     """One panel per world size: the MB a worker holds at each ZeRO stage (0 is DDP), stacked
     by parameters, gradients and optimizer state, from ``memory.expected_bytes``: a model's
-    arithmetic, which the measured bars of ``plot_state_held`` then test."""
+    arithmetic, which the measured bars of ``plot_state_held`` then test. A memory budget in MB,
+    if given, is drawn across every panel (dashed): the stages whose bars stay below it fit."""
     from helpers.experiments.memory import MB, STAGES, expected_bytes
 
     fig, axes = plt.subplots(1, len(world_sizes), figsize=(3.2 * len(world_sizes) + 1.2, 3.8),
@@ -297,8 +298,11 @@ def plot_zero_stages(param_bytes: float, optimizer: str, world_sizes: list[int],
         ax.set_xticks(range(len(held)), ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"], fontsize=8)
         ax.set_title(f"{n} worker{'s' if n > 1 else ''}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
+        if budget is not None:
+            ax.axhline(budget, color="C3", linestyle="--", linewidth=1,
+                       label=f"a budget of {budget:.0f} MB")  # fmt: skip
     axes[0, 0].set_ylabel("MB per worker")
-    axes[0, 0].set_ylim(0, 1.45 * axes[0, 0].get_ylim()[1])
+    axes[0, 0].set_ylim(0, 1.45 * max(axes[0, 0].get_ylim()[1], budget or 0))
     axes[0, -1].legend(fontsize=8, loc="upper right")
     fig.suptitle(f"What a worker holds at each ZeRO stage, with {optimizer}\n{source}",
                  fontsize=10)  # fmt: skip

@@ -1,11 +1,13 @@
 """Notebook 08's figures of what sharding costs in communication: the bytes Gloo puts on the wire
-for each collective against a ring's, and a step's time against its collectives' alone. Tables
+for each collective against a ring's, a step's time against its collectives' alone, and a step's
+time split into compute, collectives and the rest. Tables
 say the numbers; these show at a glance which bar is out of line. Each returns its figure; the
 notebook calls ``plt.show()``."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -71,5 +73,35 @@ def plot_step_against_collectives(table: pd.DataFrame, banner: str) -> Figure:
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(f"A step's time against its collectives' alone\n{banner}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_split(table: pd.DataFrame, source: str) -> Figure:
+    """Per launch and run (``table``'s rows, the first on top), rank 0's median step split into
+    the compute, the collectives alone and what is left, stacked; what is left is hatched, and
+    drawn back over the collectives where it is negative (communication that overlapped the
+    compute). Each bar is labelled with the step's time and the page faults a step took (the
+    most faulting rank). ``table`` from ``helpers.experiments.step_accounting.step_accounting``."""
+    y = list(range(len(table)))[::-1]
+    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(table) + 1.8))
+    compute, alone, left = table["compute ms"], table["collectives alone ms"], table["left ms"]
+    ax.barh(y, compute, 0.6, color="0.6", label="compute (the same step, no communication)")
+    ax.barh(y, alone, 0.6, left=compute, color="C3", label="its collectives alone (replayed)")
+    ax.barh(y, left, 0.6, left=compute + alone, color="C1", alpha=0.6, hatch="//",
+            label="left: the rest of the step")  # fmt: skip
+    for p, (_, row) in zip(y, table.iterrows(), strict=True):
+        end = max(row["step ms"], row["compute ms"] + row["collectives alone ms"])
+        ax.annotate(f"{row['step ms']:.0f} ms, {row['faults per step, most']:,.0f} faults",
+                    (end, p), xytext=(6, 0), textcoords="offset points", va="center",
+                    fontsize=8)  # fmt: skip
+    ax.set_yticks(y, [f"{launch}: {run}" for launch, run in table.index], fontsize=8)
+    ax.set_xlabel("milliseconds, rank 0's median step (label: the step, and its page faults)")
+    ends = np.maximum(table["step ms"], compute + alone)
+    ax.set_xlim(0, 1.45 * ends.max())
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16 - 0.6 / len(table)),
+              ncol=2)  # fmt: skip
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"Where a step's time goes\n{source}", fontsize=10)
     fig.tight_layout()
     return fig
