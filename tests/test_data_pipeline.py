@@ -185,6 +185,7 @@ def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     single = table[table["layout"] == "single device"].iloc[-1]
     assert (single["world"], single["threads_per_worker"]) == (1, available_cores())
     assert single["threads_used"] == available_cores()  # as the worker's torch reported it
+    assert single["sync"] == "none" and single["buckets"] == 0  # the plain model, no DDP
     assert single["timed_steps"] == 1 and single["seconds"] > 0
     ceiling = table[table["layout"] == "no communication"]
     assert len(ceiling) == (2 if ceiling_plan() else 0)
@@ -215,6 +216,7 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     np.testing.assert_allclose(both["efficiency"], [0.8, 2 / 2.2])
     text = speedup_text(sweep, baselines)
     assert "single device" in text and "1.60x" in text and "80%" in text
+    assert "plain model" in text  # the sweep's 1-worker row: no DDP
     assert "1 worker x 2 threads 1.60x; 2 DDP workers x 1 thread(s) 1.25x" in text
     # measured, not explained: which was faster, and the workers never communicating beside it
     assert "1.25x: one worker on every core faster" in text
@@ -321,7 +323,7 @@ def test_the_layouts_figure_draws_every_layouts_rate_and_names_the_data():
     ax = plot_layouts(sweep, baselines, "DATA BANNER").axes[0]
     lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
     assert lines == {
-        "DDP, 1 worker(s) x 1 thread(s)": [900.0, 950.0],
+        "plain model, 1 worker(s) x 1 thread(s)": [900.0, 950.0],
         "DDP, 2 worker(s) x 1 thread(s)": [1200.0, 1700.0],
         "no communication, 2 worker(s) x 1 thread(s)": [1300.0, 2000.0],
         "single device, 1 worker(s) x 2 thread(s)": [1500.0, 1600.0],

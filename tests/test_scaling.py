@@ -19,10 +19,13 @@ from helpers.experiments.scaling import (
     PUBLISHED,
     UNTIMED_STEPS,
     ComputeModel,
+    _launch_order,
     add_speedup,
     batch_for_speedup,
     budget,
     compute_fit_text,
+    ddp_cost,
+    ddp_cost_text,
     fit_compute,
     measured_and_model,
     measured_and_model_text,
@@ -33,6 +36,7 @@ from helpers.experiments.scaling import (
     sweep,
 )
 from helpers.experiments.single_device import speedup_text
+from helpers.training import TrainConfig
 from helpers.training.model import make_mlp
 
 matplotlib.use("Agg")
@@ -188,6 +192,8 @@ def test_a_tiny_real_sweep_returns_a_well_formed_table():
     assert table["steps"].tolist()[:2] == [3, 3] and table["timed_steps"].tolist()[:2] == [1, 1]
     assert (table["seconds"] > 0).all() and table["replicas_identical"].all()
     assert (table.loc[table["world"] == 1, "speedup"] == 1.0).all()
+    # the baseline is the plain model, the rest DDP, as each worker's own training reported it
+    assert table["sync"].tolist()[:runs] == ["none"] + ["ddp"] * (runs - 1)
     assert len(table.attrs["skipped"]) == 3 - runs
     # N workers do the same training as one: equal weights up to float rounding
     for _, same_batch in table.groupby("global_batch"):
@@ -201,10 +207,46 @@ def test_a_tiny_real_sweep_returns_a_well_formed_table():
     silent = pd.DataFrame(table.attrs["silent"])
     assert len(silent) == 2 * (runs - 1) and (silent["layout"] == "no communication").all()
     assert (silent["buckets"] == 0).all() and not silent["replicas_identical"].any()
+    # DDP at world size 1, once per batch beside the plain model: the same weights, bit for bit
+    ddp_one = pd.DataFrame(table.attrs["ddp_one"])
+    assert ddp_one["layout"].eq("DDP, 1 worker").all() and ddp_one["sync"].eq("ddp").all()
+    plain = table[table["world"] == 1]
+    assert ddp_one["global_batch"].tolist() == plain["global_batch"].tolist()
+    assert ddp_one["digest"].tolist() == plain["digest"].tolist()
+    assert ddp_cost(table).index.tolist() == [2048, 4096]
     # repeat: every training, DDP's and the silent ones, timed a second time right after
     twice = pd.DataFrame(table.attrs["twice"])
     assert len(twice) == len(table) + len(silent) and (twice[["first", "second"]] > 0).all().all()
-    assert sorted(twice.loc[twice["layout"] == "DDP", "first"]) == sorted(table["seconds"])
+    assert sorted(twice.loc[twice["layout"] != "no communication", "first"]) == sorted(
+        table["seconds"])  # fmt: skip
+    assert "DDP, 1 worker" not in set(twice["layout"])  # timed once: for its cost only
+
+
+def test_a_launch_alternates_each_training_with_its_partner():
+    configs = [TrainConfig(global_batch=b) for b in (64, 256)]
+    # more than one worker: DDP, then never communicating, the pair again with repeat
+    _, roles = _launch_order(configs, one=False, silent=True, repeat=True)
+    assert roles[:4] == [(0, 0, "ddp"), (0, 0, "none"), (0, 1, "ddp"), (0, 1, "none")]
+    # one worker: the plain model, then DDP; DDP not repeated
+    launched, roles = _launch_order(configs, one=True, silent=True, repeat=True)
+    assert roles[:3] == [(0, 0, "none"), (0, 0, "ddp"), (0, 1, "none")] and len(roles) == 6
+    assert [c.sync for c in launched] == [sync for _, _, sync in roles]
+    assert [c.global_batch for c in launched] == [64, 64, 64, 256, 256, 256]
+    # without silent: the main training only, the plain model on one worker
+    _, roles = _launch_order(configs, one=True, silent=False, repeat=False)
+    assert roles == [(0, 0, "none"), (1, 0, "none")]
+
+
+def test_ddp_cost_is_ddp_at_world_size_1_over_the_plain_model():
+    table = pd.DataFrame({"world": [1, 2, 1], "global_batch": [64, 64, 256],
+                          "seconds": [2.0, 1.5, 4.0]})  # fmt: skip
+    table.attrs["ddp_one"] = [{"global_batch": 64, "seconds": 2.5},
+                              {"global_batch": 256, "seconds": 4.2}]  # fmt: skip
+    np.testing.assert_allclose(ddp_cost(table), [0.25, 0.05])  # by hand: 2.5 / 2, 4.2 / 4
+    assert ddp_cost_text(table).endswith("64 +25%, 256 +5%")
+    table.attrs["ddp_one"] = []
+    with pytest.raises(ValueError, match="silent=True"):
+        ddp_cost(table)
 
 
 def test_the_tables_to_read_put_measured_and_model_side_by_side():

@@ -52,6 +52,8 @@ DEFAULT_BATCHES: tuple[int, ...] = tuple(64 * 2**k for k in range(7))  # 64, 128
 # at the first iteration, a cost a real training pays once, not at every step.
 UNTIMED_STEPS = 2
 NO_COMMUNICATION = "no communication"  # workers that never all-reduce (sync="none")
+PLAIN = "plain model"  # one worker training the model itself: no DDP (sync="none", world size 1)
+DDP_ONE = "DDP, 1 worker"  # the same one worker under DDP with a world size of 1
 
 
 # --------------------------------------------------------------------------- the reference points
@@ -159,12 +161,15 @@ def run_row(run: RunResult, timed_steps: int) -> dict:
         "timed_steps": int(timed_steps),
         "threads_per_worker": run.threads_per_worker,
         "threads_used": min(probe["threads"] for probe in run.probes),  # every worker's
+        "sync": run.sync,  # "ddp", or "none": the plain model, nothing all-reduced
         "buckets": len(run.probes[0]["buckets"]),  # as DDP logged them; 0 without DDP
+        "bucket_bytes": tuple(run.probes[0]["buckets"]),  # each bucket's bytes, as logged
         "seconds": run.seconds,
         "step_seconds": run.seconds / timed_steps,
         "samples_per_s": timed_steps * run.global_batch / run.seconds,
         "accuracy": run.accuracy,
         "checksum": run.checksums[0],
+        "digest": run.digests[0] if run.digests else "",  # rank 0's weights, bit for bit
         "replicas_identical": run.replicas_identical,
         "oversubscribed": run.oversubscribed,
     }
@@ -196,22 +201,26 @@ def sweep(
 ) -> pd.DataFrame:
     """Time the training for every global batch and every world size that fits the cores.
 
-    Each point is a training with real DDP workers, for the ``budget`` of its global batch. Each
-    world size trains all its batches one after the other in one launch, after a warm-up
-    (``timed_launch``), so that its start-up (processes, imports, data: seconds each) is paid
-    once; the clock leaves start-up out either way. With ``silent``, every DDP training of more
-    than one worker is followed in the same launch by the same training never communicating
-    (sync="none"), alternating, so that drift in the machine's load falls on both alike; their
-    rows, laid out as ``single_device.baseline_runs``'s, are in ``result.attrs["silent"]``.
-    With ``repeat``, each training (each pair with ``silent``) runs twice in a row: the rows are
-    the first's, and ``result.attrs["twice"]`` holds both times of each, the noise of a single
-    run at every batch (``twice_record``).
+    Each point is a training for the ``budget`` of its global batch: the baseline, one worker
+    training the plain model (sync="none": no DDP, its process group unused while it trains), and
+    real DDP workers for every larger world size. Each world size trains all its batches one
+    after the other in one launch, after a warm-up (``timed_launch``), so that its start-up
+    (processes, imports, data: seconds each) is paid once; the clock leaves start-up out either
+    way. With ``silent``, every training is followed in the same launch by its partner,
+    alternating, so that drift in the machine's load falls on both alike: a DDP training of more
+    than one worker by the same never communicating (sync="none"), rows laid out as
+    ``single_device.baseline_runs``'s in ``result.attrs["silent"]``; the plain 1-worker training
+    by the same under DDP with a world size of 1 (DDP's own cost: ``ddp_cost_text``), rows in
+    ``result.attrs["ddp_one"]``. With ``repeat``, each training runs twice in a row (A B A B
+    with ``silent``; DDP at world size 1 only once): the rows are the first's, and
+    ``result.attrs["twice"]`` holds both times of each, the noise of a single run at every batch
+    (``twice_record``).
     World size 1 (the baseline) is required. World sizes that would oversubscribe the cores are
     skipped, their reasons in ``result.attrs["skipped"]``. ``progress``, if given, is called
     with a few lines per launch.
 
-    Returns one row per DDP run (``run_row``), by global batch then world size, with speedup
-    and efficiency over one worker.
+    Returns one row per run of the plain baseline and of DDP (``run_row``), by global batch then
+    world size, with speedup and efficiency over the plain model on one worker.
     """
     if 1 not in world_sizes:
         raise ValueError("the sweep needs world size 1: speed-up is measured against it")
@@ -224,39 +233,86 @@ def sweep(
                     data=har.source, untimed_steps=UNTIMED_STEPS)  # fmt: skip
         for p in points.itertuples(index=False)
     ]
-    rows, quiet, repeats, twice = [], [], [], []
+    rows, quiet, ddp_one, repeats, twice = [], [], [], [], []
     for plan in (p for p in plans if p.runs):
-        pairs = silent and plan.world_size > 1  # A B A B ...: DDP, then never communicating
-        kinds, copies = (2 if pairs else 1), (2 if repeat else 1)
-        launched = [c for config in configs for _ in range(copies)
-                    for c in (config, replace(config, sync="none"))
-                    if pairs or c.sync != "none"]  # fmt: skip
+        one = plan.world_size == 1
+        main = "none" if one else "ddp"  # the plain model on 1 worker, DDP on more
+        launched, roles = _launch_order(configs, one, silent, repeat)
         if progress is not None:
             progress(
                 f"{plan.world_size} worker(s) x {plan.threads_per_worker} thread(s), global "
                 f"batches {', '.join(str(b) for b in points['global_batch'])}: one launch"
-                + (", each DDP training followed by the same never communicating" if pairs else "")
+                + ("" if not silent else ", each plain training followed by the same under DDP"
+                   if one else ", each DDP training followed by the same never communicating")
             )
         runs, warm = timed_launch(plan, launched)
         repeats.append((warm.seconds, runs[0].seconds))  # one training, twice
         if progress is not None:
             progress(warmup_text(warm, runs[0]))
-        for k, run in enumerate(runs):
-            point, copy = divmod(k, kinds * copies)
-            if copy >= kinds:  # the second time: only its spread is kept
-                layout = "DDP" if run.sync != "none" else NO_COMMUNICATION
-                twice.append(twice_record(layout, runs[k - kinds], run))
+        firsts = {}
+        for (point, copy, sync), run in zip(roles, runs, strict=True):
+            if copy:  # the second time: only its spread is kept
+                twice.append(twice_record(_layout(run), firsts[point, sync], run))
                 continue
+            firsts[point, sync] = run
             row = run_row(run, points["timed_steps"].iloc[point])
-            (rows if run.sync != "none" else quiet).append(row)
+            if sync == main:
+                rows.append(row)
+            else:
+                (ddp_one if one else quiet).append({"layout": _layout(run), **row})
     rows.sort(key=lambda r: (r["global_batch"], r["world"]))
     table = add_speedup(pd.DataFrame(rows))
     table.attrs["skipped"] = [f"{p.world_size} workers: {p.reason}" for p in plans if not p.runs]
-    table.attrs["silent"] = [{"layout": NO_COMMUNICATION, **row} for row in quiet]
+    table.attrs["silent"] = quiet
+    table.attrs["ddp_one"] = ddp_one  # with silent: DDP at world size 1, beside the plain model
     table.attrs["repeats"] = repeats  # (warm-up, timed) seconds per launch
     table.attrs["twice"] = twice  # with repeat: each training's two times, batch by batch
     table.attrs["data_source"] = har.source
     return table
+
+
+def _launch_order(
+    configs: Sequence[TrainConfig], one: bool, silent: bool, repeat: bool
+) -> tuple[list[TrainConfig], list[tuple[int, int, str]]]:
+    """One launch's trainings in order, and each one's role (point, copy, sync): per point the
+    main training (the plain model on 1 worker, DDP on more), with ``silent`` its partner after
+    it (DDP on 1 worker, never communicating on more), with ``repeat`` all of it again, except
+    DDP on 1 worker, timed once for its cost only."""
+    main, partner = ("none", "ddp") if one else ("ddp", "none")
+    launched, roles = [], []
+    for point, config in enumerate(configs):
+        for copy in range(2 if repeat else 1):
+            for sync in (main, partner) if silent else (main,):
+                if not (copy and one and sync == partner):
+                    launched.append(replace(config, sync=sync))
+                    roles.append((point, copy, sync))
+    return launched, roles
+
+
+def _layout(run: RunResult) -> str:
+    """A training's layout: DDP's, or the plain model on one worker or on many (silent)."""
+    if run.sync == "ddp":
+        return DDP_ONE if run.world == 1 else "DDP"
+    return PLAIN if run.world == 1 else NO_COMMUNICATION
+
+
+def ddp_cost(table: pd.DataFrame) -> pd.Series:
+    """Per global batch, what DDP with a world size of 1 cost over the plain model in the same
+    launch (``sweep(silent=True)``'s ``attrs["ddp_one"]``): its hooks, its copies into buckets and
+    a one-rank all-reduce, as a share of the plain model's time."""
+    if not table.attrs.get("ddp_one"):
+        raise ValueError("no DDP run at world size 1: run the sweep with silent=True")
+    ddp = pd.DataFrame(table.attrs["ddp_one"]).set_index("global_batch")["seconds"]
+    plain = table[table["world"] == 1].set_index("global_batch")["seconds"]
+    return (ddp / plain - 1).rename("ddp_cost")
+
+
+def ddp_cost_text(table: pd.DataFrame) -> str:
+    """``ddp_cost`` in one line, batch by batch."""
+    cost = ddp_cost(table)
+    return "DDP at world size 1, over the plain model on 1 worker: " + ", ".join(
+        f"{batch} {share:+.0%}" for batch, share in cost.items()
+    )
 
 
 # --------------------------------------------------------------------------- the model

@@ -2,8 +2,9 @@
 
 The reference article's second piece of advice before going distributed is to use the biggest
 single device you can. On one machine that is one worker process whose intra-op threads
-(``torch.set_num_threads``) use every core, timed against notebook 05's sweep (N workers of
-``default_threads_per_worker`` threads each) at the same global batches and the same steps.
+(``torch.set_num_threads``) use every core, training the plain model (no DDP), timed against
+notebook 05's sweep (N workers of ``default_threads_per_worker`` threads each) at the same global
+batches and the same steps.
 Threads split each matrix product of a step between the cores and never all-reduce; workers
 split the batch and all-reduce the whole gradient at every step. The ceiling runs, N workers
 that never communicate (``sync="none"``, each training alone on its slice), give what workers
@@ -27,6 +28,7 @@ from helpers.dist.cores import (
 from helpers.experiments.scaling import (
     DEFAULT_BATCHES,
     NO_COMMUNICATION,
+    PLAIN,
     UNTIMED_STEPS,
     budget,
     run_row,
@@ -67,9 +69,10 @@ def baseline_runs(
     progress: Callable[[str], None] | None = None,
     repeat: bool = False,
 ) -> pd.DataFrame:
-    """Time the single device (one worker, every core) at every global batch, with the sweep's
-    ``budget`` (the same steps, ``UNTIMED_STEPS`` off the clock), all batches in one launch so
-    that its start-up is paid once, after a warm-up (``scaling.timed_launch``); with ``ceiling``,
+    """Time the single device (one worker, every core, the plain model: no DDP) at every global
+    batch, with the sweep's ``budget`` (the same steps, ``UNTIMED_STEPS`` off the clock), all
+    batches in one launch so that its start-up is paid once, after a warm-up
+    (``scaling.timed_launch``); with ``ceiling``,
     the same for the ``ceiling_plan``'s workers, never communicating (``scaling.sweep``'s
     ``silent`` interleaves those with DDP's instead). Returns one row per run: layout ("single
     device" or "no communication") and ``scaling.run_row``'s columns, threads_used the fewest
@@ -86,7 +89,7 @@ def baseline_runs(
             for p in points.itertuples(index=False)
         ]
 
-    plans = [(SINGLE_DEVICE, single_device_plan(cores), "ddp")]
+    plans = [(SINGLE_DEVICE, single_device_plan(cores), "none")]  # the plain model
     if ceiling and (plan := ceiling_plan(cores)) is not None:
         plans.append((NO_COMMUNICATION, plan, "none"))
     rows, repeats, twice = [], [], []
@@ -115,7 +118,8 @@ def baseline_runs(
 
 def add_baselines(table: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
     """Speed-up of other layouts (``helpers.experiments.single_device``: one worker on every
-    core, workers that never communicate) over the sweep's 1-worker run at the same batch, and
+    core, workers that never communicate) over the sweep's 1-worker run (the plain model) at the
+    same batch, and
     efficiency per core: speed-up divided by how many times that run's cores the layout used,
     as the sweep's efficiency divides by the workers."""
     base = table[table["world"] == 1].set_index("global_batch")
@@ -159,7 +163,8 @@ def speedup_text(
     verdict = ""
     if baselines is not None:
         other = add_baselines(table, baselines)
-        table = pd.concat([table.assign(layout="DDP"), other], ignore_index=True)
+        layout = table["world"].map(lambda world: PLAIN if world == 1 else "DDP")  # sweep's
+        table = pd.concat([table.assign(layout=layout), other], ignore_index=True)
         table = table.sort_values("global_batch", kind="stable")
         columns = ["layout", "world", "threads_per_worker"] + columns[1:]
         verdict = "\n" + _single_device_verdict(table, tie)

@@ -10,6 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from helpers.experiments.data_pipeline import REGIONS
+from helpers.experiments.scaling import PLAIN
 from helpers.experiments.single_device import add_baselines
 
 PARTS = (*REGIONS, "other")
@@ -76,13 +77,15 @@ def draw_baselines(
 
 
 def plot_layouts(table: pd.DataFrame, baselines: pd.DataFrame, banner: str) -> Figure:
-    """Samples per second against the global batch for every layout timed: DDP's world sizes
-    (``scaling.sweep``), one worker on every core, workers that never communicate. A rate, not a
-    speed-up, so that a slow 1-worker run shows as itself instead of lifting every ratio."""
+    """Samples per second against the global batch for every layout timed: the sweep's plain
+    1-worker baseline and DDP's larger world sizes (``scaling.sweep``), one worker on every core,
+    workers that never communicate. A rate, not a speed-up, so that a slow 1-worker run shows as
+    itself instead of lifting every ratio."""
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for world, group in table.groupby("world"):
         group = group.sort_values("global_batch")
-        label = f"DDP, {world} worker(s) x {group['threads_per_worker'].iloc[0]} thread(s)"
+        layout = PLAIN if world == 1 else "DDP"  # the sweep's baseline trains the plain model
+        label = f"{layout}, {world} worker(s) x {group['threads_per_worker'].iloc[0]} thread(s)"
         ax.plot(group["global_batch"], group["samples_per_s"], "o-", color=f"C{world - 1}",
                 label=label)  # fmt: skip
     for layout, group in baselines.groupby("layout"):

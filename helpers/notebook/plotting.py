@@ -127,7 +127,7 @@ def plot_step_model(
     batches = np.geomspace(table["global_batch"].min() / 2, table["global_batch"].max() * 2, 100)
     one = table[table["world"] == 1].sort_values("global_batch")
     ax.plot(one["global_batch"], one["step_seconds"] * 1e3, "o", color=WORLD_COLOURS[1],
-            label="1 worker, measured")  # fmt: skip
+            label="1 worker (plain model), measured")  # fmt: skip
     ax.plot(batches, compute.predict(batches) * 1e3, "-", color=WORLD_COLOURS[1],
             label="1 worker, fitted c0 + c1 B")  # fmt: skip
     for world, comm in comms.items():
