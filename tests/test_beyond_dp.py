@@ -3,13 +3,18 @@ training to rounding, and sends and holds the bytes the arithmetic says; a wrong
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from helpers.data import load_har
 from helpers.dist.comm_model import AlphaBeta
 from helpers.dist.counting import CollectiveCounter, per_step_traffic, wire_bytes
 from helpers.dist.launch import WorkerError, launch
+from helpers.experiments import mixed_precision
 from helpers.experiments.mesh2d import mesh2d_worker
 from helpers.experiments.mixed_precision import (
     bf16_ratios,
@@ -46,15 +51,26 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def tensor_parallel():
-    ranks = launch(several, 2, [(tp_worker, (SPEC,), {}), (held_worker, (SPEC, (256,)), {})])
-    return [r[0] for r in ranks], ranks[0][1]
+def two_workers():
+    """The 2-worker jobs of this module's default tests in one launch: the start-up
+    (processes, imports, data) is paid once. Each job builds its own model from the seed."""
+    trainings = [("GPipe", 4, True), ("1F1B", 4, True), ("1F1B", 4, False)]
+    jobs = [
+        (tp_worker, (SPEC,), {}),
+        (held_worker, (SPEC, (256,)), {}),
+        (pipeline_worker, (SPEC, 2, trainings, [2, 4], 1), {}),
+    ]
+    return launch(several, 2, jobs)
 
 
 @pytest.fixture(scope="module")
-def pipelined():
-    trainings = [("GPipe", 4, True), ("1F1B", 4, True), ("1F1B", 4, False)]
-    return launch(pipeline_worker, 2, SPEC, 2, trainings, [2, 4], 1)
+def tensor_parallel(two_workers):
+    return [r[0] for r in two_workers], two_workers[0][1]
+
+
+@pytest.fixture(scope="module")
+def pipelined(two_workers):
+    return [r[2] for r in two_workers]
 
 
 def _close(record: dict, reference: dict) -> bool:
@@ -234,13 +250,25 @@ def test_mixed_precision_keeps_sixteen_bytes_per_parameter_with_adam():
     assert held_per_parameter(True, adam_on_bf16=True)["optimizer"] == pytest.approx(4, abs=1e-3)
 
 
-def test_precision_training_records_which_test_samples_it_got_right():
-    # the per-sample record McNemar's test pairs (notebook 09) is the accuracy's own evaluation
-    for bf16 in (False, True):
-        run = train_precision(0, bf16, 1, 256, 0.05, "standin")
+def test_precision_training_records_which_test_samples_it_got_right(monkeypatch):
+    # the per-sample record McNemar's test pairs (notebook 09) is the accuracy's own evaluation;
+    # 3 steps of 256 (the first 768 training samples) train enough to tell bf16 from float32,
+    # and the whole test split is still evaluated
+    def first_768(*args, **kwargs):
+        har = load_har(*args, **kwargs)
+        return dataclasses.replace(har, X_train=har.X_train[:768], y_train=har.y_train[:768])
+
+    monkeypatch.setattr(mixed_precision, "load_har", first_768)
+    runs = {bf16: train_precision(0, bf16, 1, 256, 0.05, "standin") for bf16 in (False, True)}
+    for run in runs.values():
         correct = run["correct"]
         assert correct.dtype == bool and correct.ndim == 1 and 0 < correct.sum() < correct.size
+        assert correct.size == len(load_har("standin", download=False).y_test)
         assert correct.mean() == pytest.approx(run["accuracy"], abs=1e-6)
+        assert len(run["losses"]) == 3
+    # autocast did act: the same seed and batches, losses apart by bf16's rounding, not more
+    assert runs[True]["losses"] != runs[False]["losses"]
+    np.testing.assert_allclose(runs[True]["losses"], runs[False]["losses"], rtol=2e-2)
 
 
 def test_cpu_features_read_the_flags_line(tmp_path):

@@ -20,20 +20,41 @@ from helpers.dist.comm_model import (
     ring_factor,
 )
 from helpers.dist.launch import WorkerError, launch
+from helpers.experiments.split_training import several
 
 # Lengths below, at and above the world size, none of them (except 2 for 2 workers) divisible
 # by it, plus one large enough that a message does not fit in a socket buffer.
 LENGTHS = [1, 2, 7, 10, 1001, 200_001]
 TIMEOUT = 30  # seconds a collective may wait: a deadlocked ring fails in 30 s, not 120
+CASES = [(n, torch.float64) for n in LENGTHS] + [(n, torch.int64) for n in LENGTHS[:4]]
+
+
+@pytest.fixture(scope="module")
+def on_workers():
+    """The collectives' jobs at a world size, all in one launch (started at the first test that
+    asks for that size): the processes and their process group are started once per size."""
+    from helpers.dist.collectives import allreduce_in_two_halves
+
+    launched: dict[int, list] = {}
+
+    def at(world: int) -> list:
+        if world not in launched:
+            jobs = [
+                (collective_workers.ring_and_allreduce, (CASES, 7), {}),
+                (collectives_tour, (), {}),
+            ]
+            if world == 2:
+                jobs.append((allreduce_in_two_halves, (1000, 0), {}))
+            launched[world] = launch(several, world, jobs, collective_timeout=TIMEOUT)
+        return launched[world]
+
+    return at
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_ring_allreduce_equals_dist_allreduce(world: int):
-    cases = [(n, torch.float64) for n in LENGTHS] + [(n, torch.int64) for n in LENGTHS[:4]]
-    per_rank = launch(
-        collective_workers.ring_and_allreduce, world, cases, 7, collective_timeout=TIMEOUT
-    )
-    for i, (n, dtype) in enumerate(cases):
+def test_ring_allreduce_equals_dist_allreduce(world: int, on_workers):
+    per_rank = [r[0] for r in on_workers(world)]
+    for i, (n, dtype) in enumerate(CASES):
         exact = sum(rank_data(r, n, 7, dtype) for r in range(world))  # computed here, rank order
         ring0 = torch.from_numpy(per_rank[0][i][0])
         assert ring0.shape == (n,) and ring0.dtype == dtype
@@ -66,8 +87,8 @@ def test_ring_allreduce_refuses_non_contiguous_and_leaves_a_world_of_one_alone()
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_collectives_tour_gives_every_rank_what_each_collective_must(world: int):
-    tour = launch(collectives_tour, world, collective_timeout=TIMEOUT)
+def test_collectives_tour_gives_every_rank_what_each_collective_must(world: int, on_workers):
+    tour = [r[1] for r in on_workers(world)]
     for rank, got in enumerate(tour):
         assert got["rank"] == rank and got["world_size"] == world and got["backend"] == "gloo"
         assert got["all_reduce"] == world * (world + 1) / 2
@@ -139,10 +160,10 @@ def test_measure_allreduce_times_each_size_for_the_world_sizes_that_fit():
         measure_allreduce(world_sizes=[64], sizes=[4096])
 
 
-def test_reduce_scatter_then_all_gather_is_an_all_reduce():
+def test_reduce_scatter_then_all_gather_is_an_all_reduce(on_workers):
     from helpers.dist.collectives import allreduce_in_two_halves
 
-    rows = launch(allreduce_in_two_halves, 2, 1000, 0)
+    rows = [r[2] for r in on_workers(2)]
     assert [r["chunk is the sum's"] for r in rows] == [True, True]
     assert [r["gathered = all_reduce"] for r in rows] == [True, True]
     with pytest.raises(WorkerError, match="multiple of the world size"):

@@ -21,6 +21,7 @@ from helpers.experiments import comm_engineering as ce
 from helpers.experiments.comm_engineering import ONE_BUCKET_MB, model_step_seconds
 from helpers.experiments.replicas import SAME_TRAINING_ATOL, gap_to_reference
 from helpers.experiments.scaling import ComputeModel, predict_speedup
+from helpers.experiments.split_training import several
 from helpers.training import TrainConfig, run_trainings, train_in_process, validate
 from helpers.training.model import gradient_bytes, make_mlp
 
@@ -31,8 +32,18 @@ SHAPES = [tuple(p.shape) for p in make_mlp().parameters()]
 
 
 @pytest.fixture(scope="module")
-def ddp_facts():
-    return launch(workers.ddp_communication, 2, CAPS, STEPS, RANK)
+def on_two_workers():
+    """Both 2-worker jobs in one launch (each builds its own DDP model): one start-up."""
+    jobs = [
+        (workers.ddp_communication, (CAPS, STEPS, RANK), {}),
+        (bk.ddp_bucket_record, ([561, 1024, 1024, 6], CAPS), {}),
+    ]
+    return launch(several, 2, jobs)
+
+
+@pytest.fixture(scope="module")
+def ddp_facts(on_two_workers):
+    return [r[0] for r in on_two_workers]
 
 
 def test_bucket_plan_is_the_buckets_ddp_builds(ddp_facts):
@@ -45,10 +56,10 @@ def test_bucket_plan_is_the_buckets_ddp_builds(ddp_facts):
     assert len(bk.bucket_plan(make_mlp(), 25)) == 1
 
 
-def test_ddp_bucket_record_is_what_ddp_logs_for_any_widths():
+def test_ddp_bucket_record_is_what_ddp_logs_for_any_widths(on_two_workers):
     # the reference MLP's widths: DDP's record matches the plan at every cap (the ReLUs hold no
     # parameters), on every rank
-    record = launch(bk.ddp_bucket_record, 2, [561, 1024, 1024, 6], CAPS)
+    record = [r[1] for r in on_two_workers]
     for cap in CAPS:
         plan = [b.nbytes for b in bk.bucket_plan(make_mlp(), cap)]
         assert [rank[str(cap)] for rank in record] == [plan, plan], cap

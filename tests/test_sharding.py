@@ -28,6 +28,7 @@ from helpers.experiments.sharding import (
     traffic_by_kind,
     traffic_table,
 )
+from helpers.experiments.split_training import several
 from helpers.notebook.plotting import plot_memory, plot_state_held, plot_traffic
 from helpers.training import (
     TrainConfig,
@@ -205,12 +206,22 @@ def test_stored_bytes_counts_each_storage_once_and_whole():
     assert stored_bytes([weights[:2].clone()]) == 32
 
 
-def test_each_fsdp2_worker_stores_half_of_every_part_after_a_momentum_step():
+@pytest.fixture(scope="module")
+def sharded_on_two():
+    """The storages after a momentum step and the sharded build, in one launch of 2 workers
+    (each job builds its own model from the seed): the start-up is paid once."""
+    import workers
+
+    jobs = [(momentum_step_bytes, (), {}), (workers.build_sharded_weights, (), {})]
+    return launch(several, 2, jobs)
+
+
+def test_each_fsdp2_worker_stores_half_of_every_part_after_a_momentum_step(sharded_on_two):
     """Notebook 08's exercise 1 grades against these storages: on 2 workers every part, the
     momentum included, is split evenly (the reference MLP's rows are even)."""
     whole = momentum_step_bytes()
     assert whole == dict.fromkeys(("parameters", "gradients", "optimizer_state"), PARAM_BYTES)
-    launched = launch(momentum_step_bytes, 2)
+    launched = [r[0] for r in sharded_on_two]
     assert launched == [{k: v // 2 for k, v in whole.items()}] * 2
     # a fake process group in this process shards as the real workers did
     assert unlaunched_step_bytes(2) == launched[0]
@@ -256,12 +267,10 @@ def test_bad_settings_are_refused_in_one_line(change, words):
         make_optimizer(make_mlp(), replace(CONFIG, optimizer="lamb"))
 
 
-def test_fsdp2_models_are_built_sharded_with_make_mlps_weights():
+def test_fsdp2_models_are_built_sharded_with_make_mlps_weights(sharded_on_two):
     """No rank builds the whole model: each holds half the parameters from the start, and
     together they hold exactly the weights make_mlp draws under the seed."""
-    import workers
-
-    built = launch(workers.build_sharded_weights, 2)
+    built = [r[1] for r in sharded_on_two]
     torch.manual_seed(0)
     reference = [p.detach() for p in make_mlp().parameters()]
     assert [b["held"] for b in built] == [count_parameters(make_mlp()) // 2] * 2

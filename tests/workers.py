@@ -203,12 +203,14 @@ def resume_from_own_folder(rank: int, world: int, base: str) -> int:
     from helpers.training.loop import train_steps
     from helpers.training.model import make_mlp
 
-    config = TrainConfig(global_batch=2048, epochs=2, data="recordings", record_loss=True)
+    # test_checkpoint's training (its CONFIG), so that rank 0 finds that run's checkpoint
+    config = TrainConfig(global_batch=2048, epochs=2, data="recordings", record_loss=True,
+                         hidden=256)  # fmt: skip
     har = load_har("recordings")
     torch.manual_seed(config.seed)
     saver = Checkpointer(CheckpointSpec(f"{base}/rank{rank}", 2), run_identity(config), rank)
     X, y = torch.from_numpy(har.X_train), torch.from_numpy(har.y_train)
-    train_steps(make_mlp(), X, y, config, rank, world, checkpoint=saver)
+    train_steps(make_mlp(hidden=config.hidden), X, y, config, rank, world, checkpoint=saver)
     return saver.resumed_from
 
 
