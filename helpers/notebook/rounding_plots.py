@@ -56,19 +56,21 @@ def plot_weight_gaps(gaps: pd.DataFrame, atol: float, banner: str) -> Figure:
     one process, one marker per parameter tensor, on a log scale, with the tolerance the grader
     uses ("to rounding") as a line. Identical bits (a gap of 0) are drawn on the bottom tick,
     labelled 0."""
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     floor = zero_floor(gaps.to_numpy().ravel(), atol / 1e6)
     markers = "os^vDP"
     for j, tensor in enumerate(gaps.columns):
         xs = np.arange(len(gaps)) + (j - (len(gaps.columns) - 1) / 2) * 0.1
         ax.scatter(xs, gaps[tensor].where(gaps[tensor] > 0, floor), s=22, label=tensor,
                    marker=markers[j % len(markers)])
-    ax.axhline(atol, color="black", ls="--", lw=1, label=f"tolerance, {atol:g}")
+    ax.axhline(atol, color="black", ls="--", lw=1, label=f"the grader's\ntolerance, {atol:g}")
     label_zero_floor(ax, floor)
     ax.set_xticks(range(len(gaps)), [textwrap.fill(name, 13) for name in gaps.index], fontsize=8)
     ax.set_ylabel("max |w - w(1 process)| in the tensor")
-    ax.set_title(f"Each run's weights against one process's, tensor by tensor\n{banner}",
-                 fontsize=10)
-    ax.legend(fontsize=7, ncols=2, loc="upper left")
+    ax.set_title("Each run's largest weight difference from the one-process run, one marker per "
+                 f"parameter tensor\n{banner}", fontsize=10)
+    # beside the axes, where it hides no marker; the tensors by their state_dict keys
+    ax.legend(title="tensor", fontsize=7, title_fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
