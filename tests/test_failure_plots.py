@@ -22,6 +22,8 @@ def test_the_slowdown_figure_draws_the_table_the_ceiling_and_the_any_straggler_m
     left, right = plot_slowdown(slow, samples, "test data", probabilities=(0.01,)).axes
     drawn, gauss, ceiling = left.get_lines()
     np.testing.assert_allclose(drawn.get_ydata(), slow["slowdown"])
+    # the table models compute alone (no all-reduce, no optimizer): the axis says so
+    assert "compute" in left.get_ylabel() and "step" not in left.get_ylabel()
     assert gauss.get_ydata()[0] == 1.0  # one worker waits for no one
     np.testing.assert_allclose(ceiling.get_ydata(), samples.max() / samples.mean())
     (line,) = right.get_lines()

@@ -361,17 +361,23 @@ def test_cost_is_time_times_cores_times_price():
 
 
 @pytest.mark.slow
-def test_step_seconds_reads_the_all_reduces_of_a_step_from_ddps_own_log():
-    """Notebook 11 counts a step's all-reduces from what DDP logged, one per bucket: 2 for the
-    MLP (its first bucket past the 1 MB cap, then the rest), none for a worker alone."""
+def test_step_seconds_reads_the_all_reduces_of_a_step_from_ddps_own_log_and_counts_them():
+    """Notebook 11 reads a step's buckets from what DDP logged (2 for the MLP: its first bucket
+    past the 1 MB cap, then the rest) and counts the collectives of an untimed step: one
+    all-reduce per logged bucket, of its bytes, and nothing else (the first step would show DDP's
+    single first bucket, the second the broadcasts of its rebuilt layout, two steps twice as
+    many), in each training of a launch; none for a worker alone."""
     from helpers.dist.buckets import bucket_plan
 
-    timed = cost.step_seconds([cost.Setup(1, 1), cost.Setup(2, 1)], [256], steps=3,
+    timed = cost.step_seconds([cost.Setup(1, 1), cost.Setup(2, 1)], [256, 512], steps=4,
                               data="recordings")  # fmt: skip
-    alone, ddp = timed["buckets"]
-    assert alone == []
-    assert len(ddp) == len(bucket_plan(make_mlp())) == 2
-    assert sum(ddp) == sum(p.numel() * 4 for p in make_mlp().parameters())
+    alone, ddp = timed[timed["workers"] == 1], timed[timed["workers"] == 2]
+    assert alone["buckets"].tolist() == alone["calls"].tolist() == [[], []]
+    plan = [bucket.nbytes for bucket in bucket_plan(make_mlp())]
+    assert len(plan) == 2
+    for logged, calls in zip(ddp["buckets"], ddp["calls"], strict=True):
+        assert logged == plan
+        assert calls == [("all-reduce", size) for size in logged]
 
 
 def test_timing_configs_train_every_step_they_divide_by_even_where_an_epoch_is_short():

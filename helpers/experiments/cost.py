@@ -25,14 +25,48 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from torch import nn
 
 from helpers.data import load_har
+from helpers.dist.counting import CollectiveCounter
 from helpers.experiments.large_batch.target import stays_below, train_counting
 from helpers.experiments.scaling import StepFacts
 from helpers.training import TrainConfig, accuracy, run_trainings, train_in_process
 from helpers.training.config import epochs_for_min_steps, total_steps
 
-UNTIMED = 2  # steps before the clock starts (DDP builds its buckets at the first)
+# steps before the clock starts: DDP builds its buckets at the first, and at the second
+# broadcasts from rank 0 the layout it rebuilt them in; the third is the first steady step
+UNTIMED = 3
+COUNTED_STEP = UNTIMED  # the step whose collectives are counted: the last off the clock
+
+
+class StepCalls(StepFacts):
+    """``StepFacts``, and the collectives of step ``COUNTED_STEP`` as the dispatcher saw them
+    (``CollectiveCounter``: kind and bytes, in order). That step is DDP's first steady one (its
+    rebuilt buckets, their layout already broadcast), and off the clock (``UNTIMED``), so
+    counting slows no timed step."""
+
+    def __init__(self) -> None:
+        self.counter: CollectiveCounter | None = None
+        self.calls: list[tuple[str, int]] = []
+
+    def start(self, rank: int, world_size: int) -> None:
+        self.counter, self.calls = None, []  # each training of a launch counts its own step
+
+    def after_step(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if step == COUNTED_STEP - 1:
+            self.counter = CollectiveCounter().__enter__()
+        elif step == COUNTED_STEP:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self.calls, self.counter = self.counter.calls, None
+
+    def finish(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        self._stop()  # a training shorter than COUNTED_STEP steps: what it counted
+        return {**super().finish(model, optimizer), "calls": self.calls}
 
 
 @dataclass(frozen=True)
@@ -152,9 +186,10 @@ def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: 
                  data: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Seconds per step of each setup at each global batch: ``steps`` steps, the first
     ``UNTIMED`` off the clock. One worker runs in this process; N workers in one launch (all
-    batches one after the other). Columns: workers, threads, cores, global_batch, step_seconds,
-    and buckets: the bytes of each bucket DDP all-reduces a step, as DDP logged them (``StepFacts``,
-    rank 0's; empty for one worker), so that the all-reduces a step makes are read, not assumed."""
+    batches one after the other). Columns: workers, threads, cores, global_batch, step_seconds;
+    buckets: the bytes of each bucket DDP all-reduces a step, as DDP logged them; and calls: the
+    collectives of an untimed step, counted (``StepCalls``, rank 0's; both empty for one worker),
+    so that the all-reduces a step makes are read and counted, not assumed."""
     har = load_har(data)
     rows = []
     for setup in setups:
@@ -163,13 +198,14 @@ def step_seconds(setups: Sequence[Setup], global_batches: Sequence[int], steps: 
             runs = [train_in_process(c, threads=setup.threads) for c in configs]
         else:
             runs = run_trainings(setup.workers, configs, threads_per_worker=setup.threads,
-                                 probe=StepFacts())
+                                 probe=StepCalls())
         for config, run in zip(configs, runs, strict=True):
             timed = total_steps(config, len(har.y_train)) - UNTIMED
-            buckets = run.probes[0]["buckets"] if setup.workers > 1 else []
+            probe = run.probes[0] if setup.workers > 1 else {"buckets": [], "calls": []}
             rows.append({"setup": setup.name, "workers": setup.workers, "threads": setup.threads,
                          "cores": setup.cores, "global_batch": config.global_batch,
-                         "step_seconds": run.seconds / timed, "buckets": buckets})  # fmt: skip
+                         "step_seconds": run.seconds / timed, "buckets": probe["buckets"],
+                         "calls": probe["calls"]})  # fmt: skip
     return pd.DataFrame(rows)
 
 

@@ -109,7 +109,7 @@ def plot_slowdown(
               label="bound for Gaussian times: mean + sd sqrt(2 ln N)")  # fmt: skip
     left.axhline(float(np.max(samples)) / mean, color="C3", ls=":",
                  label=f"largest of the {len(samples)} measured times")  # fmt: skip
-    left.set(xscale="log", xlabel="workers N", ylabel="step time / one worker's mean",
+    left.set(xscale="log", xlabel="workers N", ylabel="slowest worker's compute / mean compute",
              title=f"A synchronous step waits for its slowest worker\n{banner}")  # fmt: skip
     left.legend(fontsize=8, loc="upper left")
     worlds = np.unique(np.geomspace(1, 1024, 60).astype(int))
