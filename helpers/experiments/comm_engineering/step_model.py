@@ -18,13 +18,13 @@ from helpers.experiments.scaling import ComputeModel, fit_compute
 from helpers.training.model import gradient_bytes, make_mlp
 
 GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
-# An all-reduce's fixed cost on a 1 Gbit/s Ethernet link, not the loopback's fit: a deliberately
-# generous assumption, 0.5 ms a call, notebook 10's, of the order of Gloo's fixed cost on the
-# loopback (larger when fitted under load). Measured beside it: Gloo over the kernel's TCP stack
-# between two network namespaces, a veth pair that tc limits to 1 Gbit/s, about 34 us in notebook
-# 10's saved run (``python -m helpers.experiments.veth``); a real link adds its round trip through
-# network cards and a switch, tens of microseconds. At 1 Gbit/s the gradient's bytes (52 ms)
-# outweigh 0.5 ms a hundredfold.
+# An all-reduce's fixed cost on a 1 Gbit/s Ethernet link, not the loopback's fit: an assumption,
+# 0.5 ms a call, notebook 10's, of the order of Gloo's fixed cost on the loopback (larger when
+# fitted under load). Measured beside it: Gloo over the kernel's TCP stack between two network
+# namespaces, a veth pair that tc limits to 1 Gbit/s, from about 0.03 to 0.4 ms in notebook 10's
+# runs, as the load moved (``python -m helpers.experiments.veth``); a real link adds its round
+# trip through network cards and a switch, tens of microseconds. At 1 Gbit/s the gradient's bytes
+# (52 ms) outweigh 0.5 ms a hundredfold.
 GIGABIT_ALPHA = 0.5e-3
 
 # One worker's step on a quiet machine, from issue 9's quick check (1 worker x 1 thread, random
