@@ -33,6 +33,17 @@ from torch import nn
 from helpers.data import load_har
 from helpers.dist.buckets import logged_buckets
 from helpers.dist.cores import WorldPlan, default_threads_per_worker, plan_world_sizes
+from helpers.experiments.scaling_model import (  # noqa: F401 (the model, its own module; importable from here too)
+    ComputeModel,
+    batch_for_speedup,
+    compute_fit_text,
+    fit_compute,
+    measured_and_model,
+    measured_and_model_text,
+    predict_speedup,
+    predict_step_seconds,
+    prediction_table,
+)
 from helpers.training import (
     Probe,
     RunResult,
@@ -310,17 +321,3 @@ def ddp_cost_text(table: pd.DataFrame) -> str:
     return "DDP at world size 1, over the plain model on 1 worker: " + ", ".join(
         f"{batch} {share:+.0%}" for batch, share in cost.items()
     )
-
-
-# the model, in a module of its own; its names stay importable from here
-from helpers.experiments.scaling_model import (  # noqa: E402, F401
-    ComputeModel,
-    batch_for_speedup,
-    compute_fit_text,
-    fit_compute,
-    measured_and_model,
-    measured_and_model_text,
-    predict_speedup,
-    predict_step_seconds,
-    prediction_table,
-)
