@@ -5,6 +5,7 @@ each hook, and the fastest variant whose accuracy stays within a tolerance of th
 from __future__ import annotations
 
 import copy
+import gc
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -53,8 +54,11 @@ def time_hooks(
     calls: dict[CommHook, list[float]] = {hook: [] for hook in hooks}
     states: dict[CommHook, object] = {}
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    group = dist.group.WORLD
+    models = []
+    collecting = gc.isenabled()
+    gc.disable()  # no collection on Gloo's threads while they run the hooks' callbacks
     try:
-        models = []
         for hook in hooks:
             torch.manual_seed(0)
             module = make_mlp() if model is None else copy.deepcopy(model)  # one per hook
@@ -77,7 +81,25 @@ def time_hooks(
                     ddp(x).sum().backward()
     finally:
         dist.destroy_process_group()
+        models.clear()  # DDP's reducers hold the group too
+        ddp = None
+        _keep(group)
+        if collecting:
+            gc.enable()
     return {hook: log[UNTIMED_STEPS:] for hook, log in calls.items()}, states
+
+
+_KEPT: list[object] = []
+
+
+def _keep(group: object) -> None:
+    """Keep a destroyed Gloo group's last reference for the life of the process. PowerSGD's
+    callbacks hold the group and finish on Gloo's own threads, after the future they complete is
+    seen done; if one of them dropped the last reference, the group's destructor would join the
+    thread it runs on, and the process would abort ("Resource deadlock avoided"; 1 run in 12 of
+    the timing test did, before this). Kept, it costs a world-of-one group's two idle threads."""
+    gc.collect()  # the DDP modules sit in reference cycles: free them here, not on a Gloo thread
+    _KEPT.append(group)
 
 
 def compression_seconds(
