@@ -239,6 +239,38 @@ def plot_mistake_gaps(runs: dict[tuple[str, str], dict], atol: float, banner: st
     return fig
 
 
+# ---------------------------------------------------------- notebook 02: call times and the tick
+
+
+def plot_allreduce_times(
+    wakeups: pd.DataFrame, banner: str, top_ms: float = 16.0, width_ms: float = 0.25
+) -> Figure:
+    """Histogram of each condition's all-reduce times from ``probe_wakeups``'s table (its rows,
+    its ``attrs["times"]`` in seconds and ``attrs["hz"]``), one outline per condition, in bins of
+    ``width_ms`` up to ``top_ms``. Every slower call counts in one last bin, shaded and labelled
+    "≥16" (``top_ms``), so that slow outliers stay visible instead of falling off the axis.
+    Dotted lines mark the multiples of the timer tick (none where ``hz`` is not known)."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    overflow = 4 * width_ms  # the last bin, wider so that it can be seen and labelled
+    edges = np.append(np.arange(0, top_ms + width_ms / 2, width_ms), top_ms + overflow)
+    for row, times in zip(wakeups.itertuples(), wakeups.attrs["times"], strict=True):
+        ms = np.asarray(times, dtype=float) * 1e3
+        counts, _ = np.histogram(np.minimum(ms, top_ms), bins=edges)  # the last bin: top_ms and up
+        ax.stairs(counts, edges, label=f"cores: {row.cores}, competitor: {row.competitor}")
+    ax.axvspan(top_ms, top_ms + overflow, color="grey", alpha=0.15, lw=0)
+    hz = wakeups.attrs.get("hz")
+    for tick in np.arange(1, int(top_ms * hz / 1e3) + 1) * 1e3 / hz if hz else []:
+        ax.axvline(tick, color="grey", linestyle=":", linewidth=1)
+    numbers = np.arange(0, top_ms, 2)
+    ax.set_xticks([*numbers, top_ms + overflow / 2], [*(f"{v:g}" for v in numbers), f"≥{top_ms:g}"])
+    ax.set_xlim(0, top_ms + overflow)
+    ax.set_xlabel("all-reduce time, slowest rank (ms); dotted: multiples of the timer tick")
+    ax.set_ylabel("calls")
+    ax.set_title(banner, fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
 # --------------------------------------------------------------------------- notebook 08: sharding
 
 
