@@ -181,6 +181,18 @@ def test_the_scheduler_files_run_the_same_entry_point_and_options():
         assert words.index("--nnodes") < words.index("-m")  # torchrun's, on every node
 
 
+def test_a_command_line_is_shown_as_a_reader_types_it():
+    """Settings in front of torchrun, however many ``env`` chain them, read NAME=VALUE; a
+    prefix that is not one (``ip netns exec``) stays; the port and the report file go."""
+    argv = cluster.torchrun_argv(["--epochs", "1", "--json", "/tmp/r.json"], 1,
+                                 f"{LOOPBACK}:29512", nnodes=2, node_rank=1)  # fmt: skip
+    chained = cluster.shown(["env", "HAR_DATA=standin", "env", cluster.NO_AGENT_STORE, *argv])
+    assert chained.startswith(f"HAR_DATA=standin {cluster.NO_AGENT_STORE} torchrun --nnodes 2 ")
+    assert f"--rdzv-endpoint {LOOPBACK}:PORT " in chained and chained.endswith("--epochs 1")
+    prefixed = cluster.shown(["ip", "netns", "exec", "ns1", "env", cluster.NO_AGENT_STORE, *argv])
+    assert prefixed.startswith(f"ip netns exec ns1 env {cluster.NO_AGENT_STORE} torchrun ")
+
+
 def test_every_scheduler_file_gives_each_attempt_a_fresh_store():
     """None leaves the workers in torchrun's agent store, which outlives a killed group (notebook
     10, section 7; pytorch/pytorch#135712)."""

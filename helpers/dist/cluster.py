@@ -96,13 +96,18 @@ def torchrun_argv(
     return [*argv, *ENTRY, *train_args]
 
 
+_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")  # an environment variable's NAME=VALUE
+
+
 def shown(argv: list[str]) -> str:
     """A torchrun command line as a reader would type it: ``torchrun``, not this Python's
-    ``-m torch.distributed.run``, ``NAME=VALUE`` without ``env``, a loopback port written
-    ``PORT``, no ``--json`` file."""
+    ``-m torch.distributed.run``, ``NAME=VALUE`` without ``env`` (one or a chain of them in
+    front), a loopback port written ``PORT``, no ``--json`` file."""
     words = list(argv)
-    if words[:1] == ["env"]:
-        del words[0]
+    lead = 0  # the settings in front: env, NAME=VALUE, env, NAME=VALUE ...
+    while lead < len(words) and (words[lead] == "env" or _SETTING.match(words[lead])):
+        lead += 1
+    words = [w for w in words[:lead] if w != "env"] + words[lead:]
     for i in range(len(words) - 2):
         if words[i : i + 3] == [sys.executable, "-m", "torch.distributed.run"]:
             words[i : i + 3] = ["torchrun"]

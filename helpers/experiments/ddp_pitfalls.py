@@ -31,6 +31,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from helpers.data import load_har
+from helpers.dist import comm_hooks
 from helpers.training.metrics import weights_digest
 from helpers.training.model import N_CLASSES, make_mlp
 from helpers.training.order import epoch_order, local_slice
@@ -134,15 +135,22 @@ def compare_variants(X, y, rank: int, world_size: int, steps: int) -> dict[str, 
 
 def uneven(X, y, rank: int, world_size: int, steps: int, short_by: int, join: bool) -> dict:
     """Rank 1 gets ``short_by`` batches fewer than the others. Without ``join`` the others'
-    next all-reduce waits for it; with it, DDP's join hook shadows them. Returns the steps this
-    rank took and its weights' digest afterwards."""
+    next all-reduce waits for it; with it, DDP's join hook shadows them. Returns the batches
+    this rank's data gave it, the optimizer steps it took (counted by a hook on the optimizer),
+    the gradient buckets it all-reduced (counted by a comm hook, which DDP also runs for the
+    join hook's all-reduces of zeros) and its weights' digest afterwards."""
     model = _built("no head, plain DDP")
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    taken: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: taken.append(1))
+    buckets: list[tuple] = []
+    comm_hooks.register(model, comm_hooks.CommHook.ALLREDUCE, log=buckets)  # as DDP, logged
     mine = _batches(len(X), rank, world_size, steps - (short_by if rank == 1 else 0))
     with Join([model]) if join else contextlib.nullcontext():
         for idx in mine:
             _step(model, optimizer, X, y, idx)
-    return {"steps": len(mine), "digest": weights_digest(model.module)}
+    return {"batches": len(mine), "steps": len(taken), "bucket_allreduces": len(buckets),
+            "digest": weights_digest(model.module)}  # fmt: skip
 
 
 def pitfalls_worker(rank: int, world_size: int, data: str | None = None, steps: int = 12,

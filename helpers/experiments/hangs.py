@@ -242,6 +242,7 @@ class TorchrunHang:
     after_stop: list[list[str]]  # each node's log lines from the stop on (pids as PID)
     returncodes: list[int]
     left: list[int]  # processes of the job still alive afterwards (then killed)
+    commands: list[list[str]]  # each node's torchrun command line, as run (``cluster.shown``)
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -393,8 +394,7 @@ def torchrun_hang(hang_for: float = 12.0, grace: float = 30.0,
     if "error" in outcome:
         raise outcome["error"]
     run = outcome["run"]
-    split = [_split_at_stop(err) for err in run.stderr]
+    before, after = zip(*(_split_at_stop(err) for err in run.stderr), strict=True)
     return TorchrunHang(finished, time.monotonic() - started,
                         None if hang is None else hang[0] - started, hung_for, hang_cpu,
-                        [b for b, _ in split], [a for _, a in split], run.returncodes,
-                        left)  # fmt: skip
+                        list(before), list(after), run.returncodes, left, run.commands)  # fmt: skip

@@ -20,7 +20,7 @@ from helpers.experiments.cost import WINDOW, moving_average
 _PARTS = {  # column of helpers.experiments.straggler.step_table: (label, colour, hatch)
     "compute": ("forward + backward", "C0", None),
     "delay": ("injected delay", "C3", "//"),
-    "allreduce": ("in all-reduce (mostly waiting)", "C1", None),
+    "allreduce": ("in all-reduce (waiting included)", "C1", None),
     "optimizer": ("optimizer step", "C2", None),
 }
 
