@@ -210,8 +210,9 @@ def time_knobs(
 
 
 def knob_table(found: dict) -> pd.DataFrame:
-    """One row per knob: the median step over the rounds (and the spread), the speed-up over one
-    worker alone, the share of the communication-free ceiling, and what was checked."""
+    """One row per knob: the median step over the rounds (the fastest, the slowest, and every
+    round's in ``round_ms``, in the order of the rounds), the speed-up over one worker alone,
+    the share of the communication-free ceiling, and what was checked."""
     alone = statistics.median(found["alone"])
     silent = statistics.median(found["seconds"][SILENT.name])
     rows = []
@@ -220,7 +221,8 @@ def knob_table(found: dict) -> pd.DataFrame:
         step = statistics.median(times)
         rows.append({
             "variant": k["name"], "step_ms": 1e3 * step, "min_ms": 1e3 * min(times),
-            "max_ms": 1e3 * max(times), "speedup": alone / step, "share_of_ceiling": silent / step,
+            "max_ms": 1e3 * max(times), "round_ms": tuple(1e3 * t for t in times),
+            "speedup": alone / step, "share_of_ceiling": silent / step,
             "replicas_identical": len(set(found["digests"][k["name"]])) == 1,
             "gap_to_default": found["gaps"][k["name"]], **found["facts"][k["name"]],
         })  # fmt: skip
