@@ -161,6 +161,15 @@ def test_the_goal_verdict_comes_from_the_bracket_not_the_median():
     assert ce.goal_verdict(0.70, 0.89, 0.9) == "not met"
     with pytest.raises(ValueError, match="swap them"):
         ce.goal_verdict(0.97, 0.91, 0.9)
+    # the knob table's share is the median of the paired shares, so its bar lies in its spread
+    found = {"alone": [0.030] * 3, "seconds": {"no communication": [0.020, 0.022, 0.021],
+                                               "ddp": [0.021, 0.025, 0.022]},
+             "knobs": [{"name": "no communication"}, {"name": "ddp"}],
+             "digests": {"no communication": ["a", "b"], "ddp": ["c", "c"]},
+             "gaps": {"no communication": 1.0, "ddp": 0.0},
+             "facts": {"no communication": {}, "ddp": {}}}  # fmt: skip
+    shares = ce.knob_table(found).set_index("variant")["share_of_ceiling"]
+    assert shares["ddp"] == pytest.approx(0.020 / 0.021) and shares["no communication"] == 1.0
     with pytest.raises(ValueError, match="pair the rounds"):
         ce.share_bracket((0.020, 0.022), (0.021,))
     # no goal below one worker's speed: 90% of a ceiling of 1.05x would be slower than 1 worker

@@ -151,7 +151,7 @@ def plot_knobs(
     reached = [goal is not None and s >= goal for s in share]
     left.barh(rows["variant"], share, color=["C2" if r else "C0" for r in reached])
     low, high = knob_spread(knobs)
-    silent_ms = float((knobs["step_ms"] * knobs["share_of_ceiling"]).iloc[0])
+    silent_ms = float(knobs.set_index("variant").loc[SILENT.name, "step_ms"])
     left.hlines(knobs["variant"], low, high, color="black", lw=1)
     if goal is not None:
         left.axvline(goal, color="C3", ls="--", lw=1.5, label=f"goal: {goal:.0%} of the ceiling")

@@ -69,6 +69,7 @@ from helpers.experiments.comm_engineering.timelines import (
 from helpers.experiments.comm_engineering.timing import (
     goal_speedup,
     goal_verdict,
+    paired_shares,
     pytorch_records,
     share_bracket,
     speedup_table,
@@ -106,7 +107,7 @@ __all__ = [
     "layer_of_parameters",
     "make_mlp_stack", "mlp_layers", "model_speedups", "model_step_seconds", "overlap_share",
     "overlap_table", "pytorch_records", "record_timelines", "saved_activation_bytes",
-    "scaled_compute", "share_bracket", "goal_speedup", "goal_verdict",
+    "scaled_compute", "share_bracket", "paired_shares", "goal_speedup", "goal_verdict",
     "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",
     "time_hooks", "timing_config", "timing_rows", "timing_worker", "train_hooks",
 ]  # fmt: skip

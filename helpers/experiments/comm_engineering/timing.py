@@ -153,19 +153,23 @@ def speedup_table(timed: pd.DataFrame, one: pd.DataFrame) -> pd.DataFrame:
     base = one.set_index("global_batch")["step_seconds"]
     return timed.assign(speedup=timed["global_batch"].map(base) / timed["step_seconds"])
 
-def share_bracket(
-    silent: Sequence[float], variant: Sequence[float]
-) -> tuple[float, float]:
-    """The share of the ceiling, silent step over the variant's, paired by round: in each round
-    the silent step over the variant's step of the same round (both ran within seconds of each
-    other, so a burst of load slows both), and the lowest and the highest of these shares. It is
-    the spread of the rounds, not a confidence interval. ``silent`` and ``variant``: seconds per
-    step, one per round, in the order of the rounds."""
+def paired_shares(silent: Sequence[float], variant: Sequence[float]) -> list[float]:
+    """The share of the ceiling in each round: the silent step over the variant's step of the
+    same round (both ran within seconds of each other, so a burst of load slows both).
+    ``silent`` and ``variant``: seconds per step, one per round, in the order of the rounds."""
     if len(silent) != len(variant) or not silent:
         raise ValueError(
             f"pair the rounds: {len(silent)} silent and {len(variant)} variant rounds"
         )
-    shares = [s / v for s, v in zip(silent, variant, strict=True)]
+    return [s / v for s, v in zip(silent, variant, strict=True)]
+
+
+def share_bracket(
+    silent: Sequence[float], variant: Sequence[float]
+) -> tuple[float, float]:
+    """The lowest and the highest of the rounds' ``paired_shares``: the spread of the rounds, not
+    a confidence interval."""
+    shares = paired_shares(silent, variant)
     return min(shares), max(shares)
 
 
