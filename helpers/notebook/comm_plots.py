@@ -289,6 +289,9 @@ def plot_accumulation(table: pd.DataFrame, banner: str, world: int = 2) -> Figur
         ax.annotate(f"k={k}", (x, y), textcoords="offset points", xytext=(0, -14),
                     ha="center", fontsize=8)  # fmt: skip
     ax.set_xscale("log", base=2)
+    ax.set_xticks(b, [str(x) for x in b])
+    ax.minorticks_off()
+    ax.margins(y=0.15)  # room for the k labels under the lowest points
     ax.set_xlabel("effective global batch (k micro-batches per worker and step)")
     ax.set_ylabel(f"speed-up of {world} workers (model)")
     ax.grid(alpha=0.3)
