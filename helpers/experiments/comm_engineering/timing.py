@@ -153,6 +153,7 @@ def speedup_table(timed: pd.DataFrame, one: pd.DataFrame) -> pd.DataFrame:
     base = one.set_index("global_batch")["step_seconds"]
     return timed.assign(speedup=timed["global_batch"].map(base) / timed["step_seconds"])
 
+
 def paired_shares(silent: Sequence[float], variant: Sequence[float]) -> list[float]:
     """The share of the ceiling in each round: the silent step over the variant's step of the
     same round (both ran within seconds of each other, so a burst of load slows both).
