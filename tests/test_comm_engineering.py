@@ -202,6 +202,7 @@ def test_timing_rows_give_the_median_and_the_spread_of_the_rounds():
     timed, one = ce.timing_rows([("a", 256), ("b", 2048)], found)
     a = timed.set_index("variant").loc["a"]
     assert (a["step_seconds"], a["min_seconds"], a["max_seconds"]) == (0.2, 0.1, 0.3)
+    assert a["round_seconds"] == (0.3, 0.1, 0.2)  # every round, in order, for pairing
     assert list(timed["replicas_identical"]) == [True, False]
     assert list(one["global_batch"]) == [256, 2048]
     assert list(one["step_seconds"]) == [0.6, 3.0] and list(one["max_seconds"]) == [0.7, 4.0]
@@ -226,6 +227,9 @@ def test_the_goal_picks_the_fastest_technique_within_the_accuracy_tolerance():
     # notebook 05's step model, with an all-reduce that costs nothing, is the same ceiling
     assert ceiling == pytest.approx(predict_speedup(compute, AlphaBeta(0.0, 0.0), 256, 2))
     assert ce.communication_free_ceiling(ComputeModel(0.0, 1e-4), 256) == pytest.approx(2.0)
+    # a calibration that makes each worker faster than one alone cannot carry 2 workers past 2x
+    faster = ComputeModel(0.0, 0.5e-4)
+    assert ce.communication_free_ceiling(compute, 4096, parallel=faster) == 2.0
     # the model's speed-ups stay below the ceiling, and cheaper bytes bring them closer
     comm = AlphaBeta(alpha=2e-4, beta=8e-9)
     variants = (ce.BUCKET_VARIANTS[2], ce.HOOK_VARIANTS[0], ce.ACCUMULATION_VARIANTS[0])

@@ -80,8 +80,28 @@ def test_calibrated_compute_passes_through_the_silent_steps():
     assert parallel.predict(1024) == pytest.approx(0.110)
     one = ComputeModel(0.0, 1.25e-4)  # 32 ms alone at 256
     assert ce.communication_free_ceiling(one, 256, parallel=parallel) == pytest.approx(1.6)
-    # load that makes the line cross below 0 at no samples: c0 is taken as 0
-    assert ce.calibrated_compute(silent.assign(step_seconds=[0.010, 0.110])).c0 == 0.0
+    # load that makes the line cross below 0 at no samples: the free fit, refused below
+
+
+def test_an_implausible_calibration_is_refused_with_its_reasons():
+    one = pd.DataFrame({"global_batch": [256, 2048], "step_seconds": [0.032, 0.256]})
+    compute = ComputeModel(0.0, 1.25e-4)
+    quiet = pd.DataFrame({"global_batch": [256, 2048], "step_seconds": [0.020, 0.140],
+                          "round_seconds": [(0.019, 0.020, 0.021), (0.14, 0.13, 0.15)]})
+    assert ce.calibration_problems(compute, one, quiet) == []
+    # a negative fixed cost: the line through 10 and 140 ms crosses 0 above no samples
+    negative = quiet.assign(step_seconds=[0.010, 0.140],
+                            round_seconds=[(0.010,) * 3, (0.140,) * 3])
+    assert ce.calibrated_compute(negative).c0 < 0
+    assert "below 0" in " ".join(ce.calibration_problems(compute, one, negative))
+    # each worker faster per sample than one alone: 60 us against 125 us
+    faster = quiet.assign(step_seconds=[0.020, 0.074], round_seconds=[(0.020,) * 3, (0.074,) * 3])
+    assert "cannot make a worker faster" in " ".join(ce.calibration_problems(compute, one, faster))
+    # a round 40% off the median, and silent workers as slow as one worker alone: a ceiling < 1x
+    loaded = quiet.assign(step_seconds=[0.033, 0.140],
+                          round_seconds=[(0.033, 0.020, 0.046), (0.14, 0.13, 0.15)])
+    problems = " ".join(ce.calibration_problems(compute, one, loaded))
+    assert "lies 39% from the fitted line" in problems and "a ceiling under 1x" in problems
 
 
 def test_powersgd_starts_after_about_a_tenth_of_the_steps():
@@ -106,11 +126,12 @@ def test_the_figures_draw_every_row_and_name_the_data():
     bytes_bars = sorted(p.get_width() for p in fig.axes[1].patches[-2:])  # drawn last
     assert bytes_bars == pytest.approx([26.1, 52.2])
     knobs = pd.DataFrame(
-        {"variant": ["silent", "ddp"], "step_ms": [20.0, 25.0], "min_ms": [19.0, 24.0],
-         "max_ms": [21.0, 30.0], "share_of_ceiling": [1.0, 0.8]}
+        {"variant": ["no communication", "ddp"], "step_ms": [20.0, 25.0],
+         "min_ms": [19.0, 24.0], "max_ms": [21.0, 30.0], "share_of_ceiling": [1.0, 0.8],
+         "round_ms": [(19.0, 21.0, 20.0), (24.0, 30.0, 25.0)]}
     )  # fmt: skip
     profiled = pd.DataFrame({"compute": [18.0, 19.0], "copies": [0.1, 1.5], "step_ms": [19, 24]},
-                            index=["silent", "ddp"])  # fmt: skip
+                            index=["no communication", "ddp"])  # fmt: skip
     fig = plot_knobs(knobs, profiled, "DATA BANNER", 0.9)
     assert "DATA BANNER" in fig.get_suptitle()
     bars = sorted(p.get_width() for p in fig.axes[0].patches)
@@ -122,18 +143,35 @@ def test_the_figures_draw_every_row_and_name_the_data():
     assert len(segments) == 2
     for (x0, y0), (x1, _) in segments:
         assert x0 <= bars[y0] <= x1
+    # paired by round: the silent step over the same round's, 19/24, 21/30, 20/25
     low, high = knob_spread(knobs)
-    assert list(low) == pytest.approx([20 / 21, 20 / 30])
-    assert list(high) == pytest.approx([20 / 19, 20 / 24])
+    assert list(low) == pytest.approx([1.0, 0.7])
+    assert list(high) == pytest.approx([1.0, 0.8])
+    assert len(plot_knobs(knobs, profiled, "DATA BANNER", None).axes[0].lines) == 0  # no goal
 
 
 def test_the_goal_verdict_comes_from_the_bracket_not_the_median():
-    # a silent step of 20-22 ms against a variant's 21-25 ms: the share runs 80% to 105%
-    low, high = ce.share_bracket((0.020, 0.022), (0.021, 0.025))
-    assert (low, high) == pytest.approx((0.8, 0.022 / 0.021))
+    # rounds paired: a burst that slows the silent step of round 2 slows the variant's too, so
+    # the shares are 20/21, 22/25 and 21/22, not the extremes 20/25 to 22/21 across rounds
+    low, high = ce.share_bracket((0.020, 0.022, 0.021), (0.021, 0.025, 0.022))
+    assert (low, high) == pytest.approx((0.022 / 0.025, 0.021 / 0.022))
     assert ce.goal_verdict(low, high, 0.9) == "within noise"
     assert ce.goal_verdict(0.91, 0.97, 0.9) == "met"
     assert ce.goal_verdict(0.9, 0.97, 0.9) == "met"  # the goal is "at least 90%"
     assert ce.goal_verdict(0.70, 0.89, 0.9) == "not met"
     with pytest.raises(ValueError, match="swap them"):
         ce.goal_verdict(0.97, 0.91, 0.9)
+    # the knob table's share is the median of the paired shares, so its bar lies in its spread
+    found = {"alone": [0.030] * 3, "seconds": {"no communication": [0.020, 0.022, 0.021],
+                                               "ddp": [0.021, 0.025, 0.022]},
+             "knobs": [{"name": "no communication"}, {"name": "ddp"}],
+             "digests": {"no communication": ["a", "b"], "ddp": ["c", "c"]},
+             "gaps": {"no communication": 1.0, "ddp": 0.0},
+             "facts": {"no communication": {}, "ddp": {}}}  # fmt: skip
+    shares = ce.knob_table(found).set_index("variant")["share_of_ceiling"]
+    assert shares["ddp"] == pytest.approx(0.020 / 0.021) and shares["no communication"] == 1.0
+    with pytest.raises(ValueError, match="pair the rounds"):
+        ce.share_bracket((0.020, 0.022), (0.021,))
+    # no goal below one worker's speed: 90% of a ceiling of 1.05x would be slower than 1 worker
+    assert ce.goal_speedup(1.05, 0.9) is None and ce.goal_speedup(0.99, 0.9) is None
+    assert ce.goal_speedup(1.6, 0.9) == pytest.approx(1.44)

@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter, PercentFormatter
 
-from helpers.experiments.comm_engineering.knobs import GLOO_THREADS
+from helpers.experiments.comm_engineering.knobs import GLOO_THREADS, SILENT
+from helpers.experiments.comm_engineering.timing import share_bracket
 
 # --------------------------------------------------------------------------- notebook 07: overlap
 
@@ -30,12 +31,17 @@ def plot_timelines(timelines: dict[str, pd.DataFrame], banner: str) -> Figure:
     colours = {what: f"C{k % 10}" for k, what in enumerate(dict.fromkeys(parts))}
     for ax, (name, table) in zip(axes[:, 0], timelines.items(), strict=True):
         for y, row in enumerate(("communication", "compute")):
-            for part in table[table["row"] == row].itertuples():
-                width = part.end_ms - part.start_ms
-                ax.broken_barh([(part.start_ms, width)], (y - 0.35, 0.7), color=colours[part.what])
+            bars = table[table["row"] == row]
+            # the buckets' all-reduces can run at once: each bucket in a lane of its own
+            lanes = len(bars) if row == "communication" else 1
+            for lane, part in enumerate(bars.itertuples()):
+                width, height = part.end_ms - part.start_ms, 0.7 / lanes
+                bottom = y + 0.35 - height * (lane % lanes + 1)
+                ax.broken_barh([(part.start_ms, width)], (bottom, height), color=colours[part.what])
                 if width > 0.06 * end:
-                    ax.text(part.start_ms + width / 2, y, part.what.replace("backward ", "bwd "),
-                            ha="center", va="center", fontsize=7, color="white")  # fmt: skip
+                    ax.text(part.start_ms + width / 2, bottom + height / 2,
+                            part.what.replace("backward ", "bwd "), ha="center", va="center",
+                            fontsize=7, color="white")  # fmt: skip
         ax.set_yticks([0, 1], ["communication", "compute"])
         ax.set_xlim(0, end * 1.02)
         ax.set_title(name, fontsize=9, loc="left")
@@ -90,7 +96,7 @@ def plot_technique_speedups(
             line = model[model["variant"] == name].sort_values("global_batch")
             ax.plot(line["global_batch"], line["speedup"], "-", color=colour, lw=1.5)
             points = measured[measured["variant"] == name].sort_values("global_batch")
-            ax.plot(points["global_batch"], points["speedup"], "o", color=colour, ms=7)
+            ax.plot(points["global_batch"], points["speedup"], "o", color=colour, ms=7, zorder=4)
             handles.append(Line2D([], [], color=colour, marker="o", lw=1.5, label=name))
         if ceiling is not None:
             c = ceiling.sort_values("global_batch")
@@ -98,8 +104,8 @@ def plot_technique_speedups(
                                label="communication free (the ceiling)")  # fmt: skip
         if goal is not None:
             label = f"goal: {goal[1]:.2f}x at {goal[0]}"
-            handles += ax.plot([goal[0]], [goal[1]], "*", color="black", ms=14,
-                               markerfacecolor="none", label=label)  # fmt: skip
+            handles += ax.plot([goal[0]], [goal[1]], "*", color="black", ms=16, mew=1.2,
+                               markerfacecolor="none", zorder=5, label=label)  # fmt: skip
         handles.append(ax.axhline(1.0, color="grey", lw=1, label="1 worker (break-even)"))
         handles.append(ax.axhline(world, color="grey", lw=1, ls="--", label=f"ideal, {world}x"))
         ax.set_xscale("log", base=2)
@@ -121,30 +127,39 @@ def plot_technique_speedups(
     return fig
 
 
-def knob_spread(knobs: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """Each variant's share of the ceiling at its slowest and at its fastest round, so that the
-    line drawn beside a bar (its median) shows how far the rounds spread. The silent step is
-    share x step (share = silent / step), the same in every row."""
-    silent = knobs["step_ms"] * knobs["share_of_ceiling"]
-    return silent / knobs["max_ms"], silent / knobs["min_ms"]
+def knob_spread(knobs: pd.DataFrame, silent: str = SILENT.name) -> tuple[pd.Series, pd.Series]:
+    """Each variant's share of the ceiling paired by round (``comm_engineering.share_bracket``):
+    in each round the silent step over the variant's step of the same round, the lowest and the
+    highest, so that the line drawn beside a bar (its median) shows how far the rounds spread.
+    Columns variant, round_ms; the row named ``silent`` holds the silent workers' rounds."""
+    rounds = knobs.set_index("variant")["round_ms"]
+    pairs = [share_bracket(rounds[silent], r) for r in knobs["round_ms"]]
+    return (pd.Series([p[0] for p in pairs], index=knobs.index),
+            pd.Series([p[1] for p in pairs], index=knobs.index))  # fmt: skip
 
 
-def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: float) -> Figure:
+def plot_knobs(
+    knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: float | None
+) -> Figure:
     """Left: each variant's share of the communication-free ceiling (``knob_table``), its
-    rounds' spread as a line, the goal as a dashed line. Right: the profiled steps
-    (``profile_table``), milliseconds per step stacked by what the training's thread did."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 4.8), width_ratios=(3, 2))
+    rounds' paired spread as a line (``knob_spread``), the goal as a dashed line (none where
+    ``goal`` is None: no goal on this run). Right: the profiled steps (``profile_table``),
+    milliseconds per step stacked by what the training's thread did."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.0, 5.4), width_ratios=(3, 2))
     rows = knobs.iloc[::-1]
     share = rows["share_of_ceiling"]
-    left.barh(rows["variant"], share, color=["C2" if s >= goal else "C0" for s in share])
+    reached = [goal is not None and s >= goal for s in share]
+    left.barh(rows["variant"], share, color=["C2" if r else "C0" for r in reached])
     low, high = knob_spread(knobs)
-    silent_ms = float((knobs["step_ms"] * knobs["share_of_ceiling"]).iloc[0])
+    silent_ms = float(knobs.set_index("variant").loc[SILENT.name, "step_ms"])
     left.hlines(knobs["variant"], low, high, color="black", lw=1)
-    left.axvline(goal, color="C3", ls="--", lw=1.5, label=f"goal: {goal:.0%} of the ceiling")
+    if goal is not None:
+        left.axvline(goal, color="C3", ls="--", lw=1.5, label=f"goal: {goal:.0%} of the ceiling")
+        left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     left.xaxis.set_major_formatter(PercentFormatter(1.0))
-    left.set_xlabel("share of the ceiling = silent step / step (line: fastest to slowest round)")
+    left.set_xlabel("share of the ceiling = silent step / step\n"
+                    "(line: lowest to highest round, each over the same round's silent step)")
     left.set_title(f"2 workers at global batch 256 (silent step {silent_ms:.1f} ms)", fontsize=10)
-    left.legend(fontsize=8, loc="lower right")
     left.grid(axis="x", alpha=0.3)
     bottom = pd.Series(0.0, index=profiled.index)
     # the training's thread, stacked; Gloo's threads run beside it and are not part of its step
@@ -153,7 +168,7 @@ def plot_knobs(knobs: pd.DataFrame, profiled: pd.DataFrame, banner: str, goal: f
         bottom += profiled[part]
     right.set_ylabel("ms per step (the training's thread)")
     right.set_title("One step profiled (torch.profiler)", fontsize=10)
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     right.grid(axis="y", alpha=0.3)
     fig.suptitle(f"What each knob buys, and where the time goes\n{banner}", fontsize=10)
     fig.tight_layout()
@@ -264,7 +279,7 @@ def plot_accumulation(table: pd.DataFrame, banner: str, world: int = 2) -> Figur
     """The model's speed-up against the effective global batch reached by accumulation, with
     ``no_sync()`` and without it, under the communication-free ceiling: columns global_batch,
     micro_batches, speedup_no_sync, speedup_without, ceiling."""
-    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
     b = table["global_batch"]
     ax.plot(b, table["ceiling"], ":", color="grey", label="communication free (the ceiling)")
     ax.plot(b, table["speedup_no_sync"], "o-", color="C0", label="with no_sync(): 1 all-reduce")
@@ -274,12 +289,16 @@ def plot_accumulation(table: pd.DataFrame, banner: str, world: int = 2) -> Figur
         ax.annotate(f"k={k}", (x, y), textcoords="offset points", xytext=(0, -14),
                     ha="center", fontsize=8)  # fmt: skip
     ax.set_xscale("log", base=2)
+    ax.set_xticks(b, [str(x) for x in b])
+    ax.minorticks_off()
+    ax.margins(y=0.15)  # room for the k labels under the lowest points
     ax.set_xlabel("effective global batch (k micro-batches per worker and step)")
     ax.set_ylabel(f"speed-up of {world} workers (model)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="center right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     ax.set_title(f"Accumulation against the effective batch, modelled\n"
                  f"model fitted to {banner}",
                  fontsize=10)  # fmt: skip
+    fig.tight_layout()
     return fig
 

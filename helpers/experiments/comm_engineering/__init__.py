@@ -43,10 +43,12 @@ from helpers.experiments.comm_engineering.knobs import (
 from helpers.experiments.comm_engineering.step_model import (
     GIGABIT_ALPHA,
     GIGABIT_BETA,
+    MAX_ROUND_DEVIATION,
     QUIET_COMPUTE,
     QUIET_IDLE,
     activation_bytes,
     calibrated_compute,
+    calibration_problems,
     communication_free_ceiling,
     deep_mlp,
     layer_of_parameters,
@@ -65,7 +67,9 @@ from helpers.experiments.comm_engineering.timelines import (
     timeline_worker,
 )
 from helpers.experiments.comm_engineering.timing import (
+    goal_speedup,
     goal_verdict,
+    paired_shares,
     pytorch_records,
     share_bracket,
     speedup_table,
@@ -94,7 +98,7 @@ __all__ = [
     "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_ALPHA", "GIGABIT_BETA",
     "GOAL_SHARE",
     "GRADIENT_BYTES", "HOOK_VARIANTS", "KNOB_ROUNDS", "KNOBS", "NO_COMMUNICATION", "Knob",
-    "calibrated_compute", "knob_table",
+    "MAX_ROUND_DEVIATION", "calibrated_compute", "calibration_problems", "knob_table",
     "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "QUIET_IDLE", "REPEATS",
     "TIMED_STEPS",
     "UNTIMED_STEPS",
@@ -103,7 +107,7 @@ __all__ = [
     "layer_of_parameters",
     "make_mlp_stack", "mlp_layers", "model_speedups", "model_step_seconds", "overlap_share",
     "overlap_table", "pytorch_records", "record_timelines", "saved_activation_bytes",
-    "scaled_compute", "share_bracket", "goal_verdict",
+    "scaled_compute", "share_bracket", "paired_shares", "goal_speedup", "goal_verdict",
     "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",
     "time_hooks", "timing_config", "timing_rows", "timing_worker", "train_hooks",
 ]  # fmt: skip

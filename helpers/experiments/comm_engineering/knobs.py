@@ -30,6 +30,7 @@ from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
 from helpers.data import load_har
 from helpers.dist.cores import pin_threads, thread_affinities
 from helpers.dist.launch import launch
+from helpers.experiments.comm_engineering.timing import paired_shares
 from helpers.experiments.comm_engineering.variants import ONE_BUCKET_MB
 from helpers.training.metrics import weights_digest
 from helpers.training.model import make_mlp
@@ -210,17 +211,21 @@ def time_knobs(
 
 
 def knob_table(found: dict) -> pd.DataFrame:
-    """One row per knob: the median step over the rounds (and the spread), the speed-up over one
-    worker alone, the share of the communication-free ceiling, and what was checked."""
+    """One row per knob: the median step over the rounds (the fastest, the slowest, and every
+    round's in ``round_ms``, in the order of the rounds), the speed-up over one worker alone,
+    the share of the communication-free ceiling (the median over the rounds of the silent step
+    over the same round's step, ``paired_shares``), and what was checked."""
     alone = statistics.median(found["alone"])
-    silent = statistics.median(found["seconds"][SILENT.name])
+    silent = found["seconds"][SILENT.name]
     rows = []
     for k in found["knobs"]:
         times = found["seconds"][k["name"]]
         step = statistics.median(times)
         rows.append({
             "variant": k["name"], "step_ms": 1e3 * step, "min_ms": 1e3 * min(times),
-            "max_ms": 1e3 * max(times), "speedup": alone / step, "share_of_ceiling": silent / step,
+            "max_ms": 1e3 * max(times), "round_ms": tuple(1e3 * t for t in times),
+            "speedup": alone / step,
+            "share_of_ceiling": statistics.median(paired_shares(silent, times)),
             "replicas_identical": len(set(found["digests"][k["name"]])) == 1,
             "gap_to_default": found["gaps"][k["name"]], **found["facts"][k["name"]],
         })  # fmt: skip

@@ -134,10 +134,19 @@ def communication_free_ceiling(
 ) -> float:
     """The speed-up ``world`` workers would reach if communication cost nothing:
     ``(c0 + c1 B) / (c0 + c1 B / N)``, the denominator from ``parallel`` if given (each worker's
-    compute while all run at once, ``calibrated_compute``). No communication technique can go
-    beyond it; for ``c0 >= 0`` and no ``parallel`` it lies between 1 and ``N``."""
+    compute while all run at once, ``calibrated_compute``), capped at ``N``: ``N`` workers do at
+    most ``N`` times the work of one, and a larger ratio is a fit's error, not a speed-up. No
+    communication technique can go beyond it; for ``c0 >= 0`` and no ``parallel`` it lies
+    between 1 and ``N``."""
     parallel = parallel or compute
-    return float(compute.predict(global_batch) / parallel.predict(global_batch / world))
+    return min(float(compute.predict(global_batch) / parallel.predict(global_batch / world)),
+               float(world))  # fmt: skip
+
+
+# How far one round of the silent workers may lie from the calibrated line before the calibration
+# is refused: a round a quarter slower or faster than the median got a different share of the
+# cores than the others, so no one line describes the launch.
+MAX_ROUND_DEVIATION = 0.25
 
 
 def calibrated_compute(silent: pd.DataFrame, world: int = 2) -> ComputeModel:
@@ -145,10 +154,58 @@ def calibrated_compute(silent: pd.DataFrame, world: int = 2) -> ComputeModel:
     at once, fitted on steps of workers that never communicate (``silent``: columns
     global_batch, step_seconds; 2 batches or more). On shared cores it is slower than one worker
     alone (memory bandwidth, caches, the operating system's other threads), and the model's
-    step should start from it, not from one worker's; ``c0`` is taken as at least 0."""
-    share = silent.assign(global_batch=silent["global_batch"] / world, world=1)
-    fit = fit_compute(share)
-    return ComputeModel(max(fit.c0, 0.0), fit.c1)
+    step should start from it, not from one worker's. The free fit, not clipped: check it with
+    ``calibration_problems`` before using it."""
+    return fit_compute(silent.assign(global_batch=silent["global_batch"] / world, world=1))
+
+
+def calibration_problems(
+    compute: ComputeModel,
+    one: pd.DataFrame,
+    silent: pd.DataFrame,
+    world: int = 2,
+    max_deviation: float = MAX_ROUND_DEVIATION,
+) -> list[str]:
+    """Why ``calibrated_compute(silent)`` is not physical, one sentence each; empty where it is
+    plausible. ``compute``: one worker alone; ``one``: one worker's measured steps (global_batch,
+    step_seconds); ``silent``: the silent workers' (global_batch, step_seconds, round_seconds).
+    Refused: a fixed cost per step below 0; a cost per sample below one worker's alone (sharing
+    the cores cannot make a worker faster, and the ceiling would pass ``N``); a round further than
+    ``max_deviation`` from the fitted line; silent workers no faster than one worker alone at a
+    measured batch (a ceiling under 1x: they did not each have a core)."""
+    fit = calibrated_compute(silent, world)
+    problems = []
+    if fit.c0 < 0:
+        problems.append(f"the fitted fixed cost per step is {fit.c0 * 1e3:.2f} ms, below 0")
+    if fit.c1 < compute.c1:
+        problems.append(
+            f"the fitted cost per sample, {fit.c1 * 1e6:.1f} us, is below one worker's alone "
+            f"({compute.c1 * 1e6:.1f} us): sharing the cores cannot make a worker faster, and the "
+            "model would pass 2x at large batches"
+        )
+    worst = max(
+        ((abs(t / line - 1) if line > 0 else float("inf"), row.global_batch, t)
+         for row in silent.itertuples()
+         for line in [fit.predict(row.global_batch / world)] for t in row.round_seconds),
+        default=None,
+    )  # fmt: skip
+    if worst is not None and worst[0] > max_deviation:
+        problems.append(
+            f"a round at global batch {worst[1]} ({worst[2] * 1e3:.1f} ms) lies {worst[0]:.0%} "
+            f"from the fitted line, more than {max_deviation:.0%}: the rounds got different "
+            "shares of the cores"
+        )
+    alone = one.set_index("global_batch")["step_seconds"]
+    for row in silent.itertuples():
+        if row.global_batch in alone.index and row.step_seconds >= alone[row.global_batch]:
+            problems.append(
+                f"at global batch {row.global_batch} the silent workers' step "
+                f"({row.step_seconds * 1e3:.1f} ms) is no shorter than one worker's alone "
+                f"({alone[row.global_batch] * 1e3:.1f} ms): a ceiling under 1x: they cannot "
+                "each have had a core throughout"
+            )
+    return problems
+
 
 def deep_mlp(layers: int, width: int = 1024) -> nn.Module:
     """An MLP of ``layers`` square layers on the meta device (shapes only, no memory)."""

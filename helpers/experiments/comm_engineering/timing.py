@@ -122,15 +122,17 @@ def timing_rows(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``timing_worker``'s rounds as tables: the variants' (variant, global_batch, step_seconds:
     the median over the rounds, min_seconds and max_seconds: the fastest and the slowest round,
-    replicas_identical in every round, and rank 0's ``pytorch_records`` where ``found`` has
-    them), in the order of ``points``, and one worker's (global_batch, step_seconds,
-    min_seconds, max_seconds)."""
+    round_seconds: every round's, in the order of the rounds, replicas_identical in every
+    round, and rank 0's ``pytorch_records`` where ``found`` has them), in the order of
+    ``points``, and one worker's (global_batch, step_seconds, min_seconds, max_seconds,
+    round_seconds)."""
 
     def spread(times: Sequence[float]) -> dict:
         return {
             "step_seconds": statistics.median(times),
             "min_seconds": min(times),
             "max_seconds": max(times),
+            "round_seconds": tuple(times),
         }
 
     rows = [
@@ -151,13 +153,33 @@ def speedup_table(timed: pd.DataFrame, one: pd.DataFrame) -> pd.DataFrame:
     base = one.set_index("global_batch")["step_seconds"]
     return timed.assign(speedup=timed["global_batch"].map(base) / timed["step_seconds"])
 
+
+def paired_shares(silent: Sequence[float], variant: Sequence[float]) -> list[float]:
+    """The share of the ceiling in each round: the silent step over the variant's step of the
+    same round (both ran within seconds of each other, so a burst of load slows both).
+    ``silent`` and ``variant``: seconds per step, one per round, in the order of the rounds."""
+    if len(silent) != len(variant) or not silent:
+        raise ValueError(
+            f"pair the rounds: {len(silent)} silent and {len(variant)} variant rounds"
+        )
+    return [s / v for s, v in zip(silent, variant, strict=True)]
+
+
 def share_bracket(
-    silent: tuple[float, float], variant: tuple[float, float]
+    silent: Sequence[float], variant: Sequence[float]
 ) -> tuple[float, float]:
-    """The share of the ceiling, silent step over the variant's, at its extremes over both
-    measured brackets (each a fastest and a slowest round, in seconds): every pairing of their
-    rounds gives a share inside it."""
-    return silent[0] / variant[1], silent[1] / variant[0]
+    """The lowest and the highest of the rounds' ``paired_shares``: the spread of the rounds, not
+    a confidence interval."""
+    shares = paired_shares(silent, variant)
+    return min(shares), max(shares)
+
+
+def goal_speedup(ceiling: float, share: float) -> float | None:
+    """The goal's speed-up, ``share`` of the ceiling, or None where that is below 1x: a goal of
+    being slower than one worker alone is no goal. It happens where the silent workers were
+    hardly faster than one worker alone, that is where they did not each have a core."""
+    goal = share * ceiling
+    return goal if goal >= 1.0 else None
 
 
 def goal_verdict(low: float, high: float, goal: float) -> str:
