@@ -59,6 +59,7 @@ from helpers.experiments.comm_engineering.step_model import (
     overlap_table,
     saved_activation_bytes,
     scaled_compute,
+    uneven_rounds,
 )
 from helpers.experiments.comm_engineering.timelines import (
     overlap_share,
@@ -109,5 +110,5 @@ __all__ = [
     "overlap_table", "pytorch_records", "record_timelines", "saved_activation_bytes",
     "scaled_compute", "share_bracket", "paired_shares", "goal_speedup", "goal_verdict",
     "speedup_table", "speedup_text", "time_variants", "timeline_table", "timeline_worker",
-    "time_hooks", "timing_config", "timing_rows", "timing_worker", "train_hooks",
+    "time_hooks", "timing_config", "uneven_rounds", "timing_rows", "timing_worker", "train_hooks",
 ]  # fmt: skip
