@@ -241,6 +241,15 @@ def test_the_goal_picks_the_fastest_technique_within_the_accuracy_tolerance():
     assert model[(ce.HOOK_VARIANTS[0].name, 256)] > model[(ce.BUCKET_VARIANTS[2].name, 256)]
 
 
+def test_capped_ceiling_caps_at_the_workers_and_passes_the_rest():
+    # a ratio above N comes back N; one below comes back unchanged (a measured ceiling, 07's goal)
+    assert ce.capped_ceiling(2.3, 2) == 2.0
+    assert ce.capped_ceiling(1.54, 2) == 1.54
+    assert ce.capped_ceiling(3.5, 4) == 3.5
+    assert ce.capped_ceiling(4.5, 4) == 4.0
+    assert ce.capped_ceiling(0.8, 2) == 0.8  # under 1x is not raised: section 6 then sets no goal
+
+
 def test_plot_technique_speedups_draws_every_variant_and_names_the_data():
     from helpers.notebook.comm_plots import plot_technique_speedups
 

@@ -88,21 +88,24 @@ def test_an_implausible_calibration_is_refused_with_its_reasons():
     compute = ComputeModel(0.0, 1.25e-4)
     quiet = pd.DataFrame({"global_batch": [256, 2048], "step_seconds": [0.020, 0.140],
                           "round_seconds": [(0.019, 0.020, 0.021), (0.14, 0.13, 0.15)]})
-    assert ce.calibration_problems(compute, one, quiet) == []
+    assert ce.calibration_problems(compute, one, quiet, fit=ce.calibrated_compute(quiet)) == []
     # a negative fixed cost: the line through 10 and 140 ms crosses 0 above no samples
     negative = quiet.assign(step_seconds=[0.010, 0.140],
                             round_seconds=[(0.010,) * 3, (0.140,) * 3])
     assert ce.calibrated_compute(negative).c0 < 0
-    assert "below 0" in " ".join(ce.calibration_problems(compute, one, negative))
+    problems = ce.calibration_problems(compute, one, negative, fit=ce.calibrated_compute(negative))
+    assert "below 0" in " ".join(problems)
     # each worker faster per sample than one alone: 60 us against 125 us
     faster = quiet.assign(step_seconds=[0.020, 0.074], round_seconds=[(0.020,) * 3, (0.074,) * 3])
-    assert "cannot make a worker faster" in " ".join(ce.calibration_problems(compute, one, faster))
+    problems = ce.calibration_problems(compute, one, faster, fit=ce.calibrated_compute(faster))
+    assert "cannot make a worker faster" in " ".join(problems)
     # a round 40% off the median, and silent workers as slow as one worker alone: a ceiling < 1x
     loaded = quiet.assign(step_seconds=[0.033, 0.140],
                           round_seconds=[(0.033, 0.020, 0.046), (0.14, 0.13, 0.15)])
-    problems = " ".join(ce.calibration_problems(compute, one, loaded))
+    fit = ce.calibrated_compute(loaded)
+    problems = " ".join(ce.calibration_problems(compute, one, loaded, fit=fit))
     assert "a ceiling under 1x" in problems and "fitted line" not in problems
-    assert "lies 39% from the fitted line" in ce.uneven_rounds(loaded)
+    assert "lies 39% from the fitted line" in ce.uneven_rounds(loaded, fit=fit)
 
 
 def test_one_uneven_round_is_reported_not_refused():
@@ -112,10 +115,17 @@ def test_one_uneven_round_is_reported_not_refused():
     compute = ComputeModel(0.0, 1.25e-4)
     quiet = pd.DataFrame({"global_batch": [256, 2048], "step_seconds": [0.020, 0.140],
                           "round_seconds": [(0.019, 0.020, 0.021), (0.14, 0.13, 0.15)]})
-    assert ce.uneven_rounds(quiet) is None
+    assert ce.uneven_rounds(quiet, fit=ce.calibrated_compute(quiet)) is None
     one_off = quiet.assign(round_seconds=[(0.019, 0.020, 0.021), (0.14, 0.13, 0.21)])
-    assert ce.calibration_problems(compute, one, one_off) == []
-    assert "lies 50% from the fitted line" in ce.uneven_rounds(one_off)
+    fit = ce.calibrated_compute(one_off)
+    assert ce.calibration_problems(compute, one, one_off, fit=fit) == []
+    assert "lies 50% from the fitted line" in ce.uneven_rounds(one_off, fit=fit)
+    # the fit passed in is the line judged, not a refit: against a line twice as slow, the
+    # furthest round is 130 ms at 2048 (54% under 280 ms), and a fixed cost below 0 is refused
+    slower = ComputeModel(2 * fit.c0, 2 * fit.c1)
+    assert "2048 (130.0 ms) lies 54% from the fitted line" in ce.uneven_rounds(one_off, fit=slower)
+    below = ComputeModel(-1e-3, fit.c1)
+    assert "below 0" in " ".join(ce.calibration_problems(compute, one, one_off, fit=below))
 
 
 def test_powersgd_starts_after_about_a_tenth_of_the_steps():

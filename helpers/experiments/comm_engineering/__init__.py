@@ -8,7 +8,8 @@
 * the tables the notebook reads (``speedup_table``, ``bytes_table``), the step-time model with
   overlap and compression (``model_step_seconds``, ``model_speedups``), and the goal: the best
   speed-up among the techniques that keep the accuracy (``best_within_tolerance``) beside the
-  ceiling with communication free (``communication_free_ceiling``);
+  ceiling with communication free (``communication_free_ceiling``; modelled or measured, capped
+  at the number of workers by ``capped_ceiling``);
 * the knob study (``time_knobs``): pinning, ``gradient_as_bucket_view``, ``static_graph``, one
   bucket, fp16, each alone and combined, against the ceiling measured with silent workers, and
   one DDP step profiled beside a silent one (``profile_table``);
@@ -49,6 +50,7 @@ from helpers.experiments.comm_engineering.step_model import (
     activation_bytes,
     calibrated_compute,
     calibration_problems,
+    capped_ceiling,
     communication_free_ceiling,
     deep_mlp,
     layer_of_parameters,
@@ -99,7 +101,8 @@ __all__ = [
     "ACCUMULATION_VARIANTS", "BATCHES", "BUCKET_VARIANTS", "GIGABIT_ALPHA", "GIGABIT_BETA",
     "GOAL_SHARE",
     "GRADIENT_BYTES", "HOOK_VARIANTS", "KNOB_ROUNDS", "KNOBS", "NO_COMMUNICATION", "Knob",
-    "MAX_ROUND_DEVIATION", "calibrated_compute", "calibration_problems", "knob_table",
+    "MAX_ROUND_DEVIATION", "calibrated_compute", "calibration_problems", "capped_ceiling",
+    "knob_table",
     "profile_table", "time_knobs", "ONE_BUCKET_MB", "QUIET_COMPUTE", "QUIET_IDLE", "REPEATS",
     "TIMED_STEPS",
     "UNTIMED_STEPS",

@@ -139,8 +139,16 @@ def communication_free_ceiling(
     communication technique can go beyond it; for ``c0 >= 0`` and no ``parallel`` it lies
     between 1 and ``N``."""
     parallel = parallel or compute
-    return min(float(compute.predict(global_batch) / parallel.predict(global_batch / world)),
-               float(world))  # fmt: skip
+    return capped_ceiling(compute.predict(global_batch) / parallel.predict(global_batch / world),
+                          world)  # fmt: skip
+
+
+def capped_ceiling(speedup: float, world: int) -> float:
+    """A communication-free speed-up of ``world`` workers (modelled or measured), capped at
+    ``world``: ``N`` workers do at most ``N`` times the work of one, so a larger ratio is taken as
+    a fit's error or noise. (A superlinear speed-up, from a share of the batch that fits a faster
+    cache, is possible in general; the cap claims none.)"""
+    return min(float(speedup), float(world))
 
 
 # How far one round of the silent workers may lie from the calibrated line before the rounds are
@@ -161,16 +169,15 @@ def calibrated_compute(silent: pd.DataFrame, world: int = 2) -> ComputeModel:
 
 
 def calibration_problems(
-    compute: ComputeModel, one: pd.DataFrame, silent: pd.DataFrame, world: int = 2
+    compute: ComputeModel, one: pd.DataFrame, silent: pd.DataFrame, *, fit: ComputeModel
 ) -> list[str]:
-    """Why ``calibrated_compute(silent)`` is not physical, one sentence each; empty where it is
-    plausible. ``compute``: one worker alone; ``one``: one worker's measured steps (global_batch,
-    step_seconds); ``silent``: the silent workers' (global_batch, step_seconds). Refused: a fixed
-    cost per step below 0; a cost per sample below one worker's alone (sharing the cores cannot
-    make a worker faster, and the ceiling would pass ``N``); silent workers no faster than one
-    worker alone at a measured batch (a ceiling under 1x). Uneven rounds are not a reason:
-    ``uneven_rounds`` reports them."""
-    fit = calibrated_compute(silent, world)
+    """Why ``fit``, ``calibrated_compute(silent)``, is not physical, one sentence each; empty where
+    it is plausible. ``compute``: one worker alone; ``one``: one worker's measured steps
+    (global_batch, step_seconds); ``silent``: the silent workers' (global_batch, step_seconds),
+    which ``fit`` was drawn through. Refused: a fixed cost per step below 0; a cost per sample
+    below one worker's alone (sharing the cores cannot make a worker faster, and the ceiling
+    would pass ``N``); silent workers no faster than one worker alone at a measured batch (a
+    ceiling under 1x). Uneven rounds are not a reason: ``uneven_rounds`` reports them."""
     problems = []
     if fit.c0 < 0:
         problems.append(f"the fitted fixed cost per step is {fit.c0 * 1e3:.2f} ms, below 0")
@@ -193,12 +200,16 @@ def calibration_problems(
 
 
 def uneven_rounds(
-    silent: pd.DataFrame, world: int = 2, max_deviation: float = MAX_ROUND_DEVIATION
+    silent: pd.DataFrame,
+    *,
+    fit: ComputeModel,
+    world: int = 2,
+    max_deviation: float = MAX_ROUND_DEVIATION,
 ) -> str | None:
-    """The silent workers' round furthest from the calibrated line, in a sentence, where it lies
-    more than ``max_deviation`` from it (``silent``: global_batch, step_seconds, round_seconds);
-    else None. A caution for the reader, not a refusal: the line goes through the medians."""
-    fit = calibrated_compute(silent, world)
+    """The silent workers' round furthest from the calibrated line ``fit``
+    (``calibrated_compute(silent, world)``), in a sentence, where it lies more than
+    ``max_deviation`` from it (``silent``: global_batch, step_seconds, round_seconds); else None.
+    A caution for the reader, not a refusal: the line goes through the medians."""
     worst = max(
         ((abs(t / line - 1) if line > 0 else float("inf"), row.global_batch, t)
          for row in silent.itertuples()
