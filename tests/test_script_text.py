@@ -14,8 +14,9 @@ import torch.distributed as dist
 def train(rank, world_size, data_source):
     torch.manual_seed(rank)  # mistake (a), on purpose
     model = make_mlp()
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p, src=0)
     for p in model.parameters():
         dist.all_reduce(p.grad)
         p.grad /= world_size
@@ -38,7 +39,7 @@ def test_the_solution_and_its_rewordings_pass():
         (("    model = make_mlp()", "    model = DDP(make_mlp())"), "uses DDP"),
         (("import torch\n", "from torch.nn.parallel import DistributedDataParallel\n"),
          "uses DistributedDataParallel"),
-        (("dist.broadcast(p.data, src=0)", "pass"), "no broadcast"),
+        (("dist.broadcast(p, src=0)", "pass"), "no broadcast"),
         (("dist.all_reduce(p.grad)", "pass"), "no all_reduce"),
         (("torch.manual_seed(rank)", "torch.manual_seed(0)"), "no manual_seed"),
         (("torch.manual_seed(rank)", "rank + 1"), "no manual_seed"),

@@ -75,7 +75,8 @@ def bucket_plan(model: nn.Module, bucket_cap_mb: float | None = None) -> list[Bu
 def logged_buckets(model: nn.Module) -> list[int]:
     """The bytes of each bucket DDP all-reduces from its second step on, as DDP itself logged
     them (``_get_ddp_logging_data``'s ``rebuilt_bucket_sizes``): what a step really sends, not a
-    plan of it. Empty for a model that is not DDP or has not rebuilt its buckets (one worker)."""
+    plan of it. Empty for a model that is not DDP, or whose buckets DDP has not rebuilt yet (in
+    its first steps); one worker, on a group of one rank, logs them too (notebook 03)."""
     if not isinstance(model, DDP):
         return []
     sizes = str(model._get_ddp_logging_data().get("rebuilt_bucket_sizes", ""))
