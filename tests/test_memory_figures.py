@@ -77,6 +77,12 @@ def test_bf16_ratios_draw_each_median_with_its_min_and_max():
     assert [(w[0][0], w[1][0]) for w in whiskers] == [(0.4, 0.7), (55.0, 70.0)]
     assert ax.get_xscale() == "log" and "data: X" in ax.get_title()
     assert ax.get_xlim()[0] < 1.0 < ax.get_xlim()[1]  # the line at 1 is in view
+    # the legend under the x label, where no dot (in any corner of the axes) can sit
+    fig.canvas.draw()  # places the x label
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.y1 <= ax.xaxis.label.get_window_extent(renderer).y0
+    assert legend.y0 >= 0  # and still on the figure
     plt.close(fig)
     with pytest.raises(ValueError, match="bf16_ratios"):
         plot_bf16_ratios(pd.DataFrame({"x": [1]}), "data: X")

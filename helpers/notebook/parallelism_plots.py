@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.transforms import ScaledTranslation
 
 
 def plot_pipeline_timelines(steps: dict[str, dict[int, list[tuple]]], source: str) -> Figure:
@@ -147,7 +148,7 @@ def plot_bf16_ratios(table: pd.DataFrame, source: str) -> Figure:
     if table.empty or not {"bf16/float32", "min", "max", "pairs"} <= set(table.columns):
         raise ValueError("pass bf16_ratios' table: one row per processor and timed call, with "
                          "columns bf16/float32, min, max and pairs")  # fmt: skip
-    fig, ax = plt.subplots(figsize=(8.0, 0.6 * len(table) + 1.8))
+    fig, ax = plt.subplots(figsize=(8.0, 0.6 * len(table) + 2.1))
     y = np.arange(len(table))
     median, low, high = (table[c].to_numpy(dtype=float) for c in ("bf16/float32", "min", "max"))
     ax.errorbar(median, y, xerr=[median - low, high - median], fmt="o", color="C1", capsize=4,
@@ -165,7 +166,11 @@ def plot_bf16_ratios(table: pd.DataFrame, source: str) -> Figure:
     ax.set_xlim(left, right)
     ax.set_xlabel("bf16's CPU time / float32's, pair by pair (log scale; below 1: bf16 faster)")
     ax.grid(axis="x", alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper right")
+    # below the x label, half an inch under the axes whatever the figure's height: a dot can sit
+    # in any corner (left of 1 where bf16 is faster), so no place inside the axes is always free
+    below = ax.transAxes + ScaledTranslation(0, -0.5, fig.dpi_scale_trans)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below,
+              ncols=2)  # fmt: skip
     source = textwrap.fill(source, 90)  # a long source would widen the figure, not the plot
     ax.set_title(f"bf16 against float32, timed in turn in one process\n{source}", fontsize=10)
     fig.tight_layout()
