@@ -12,7 +12,7 @@ import torch
 from helpers.data.hapt_pickle import PACKAGE_PIN, find_pickle
 from helpers.data.har import HARDataError
 from helpers.dist.comm_model import AlphaBeta
-from helpers.dist.cores import available_cores
+from helpers.dist.cores import available_cores, default_threads_per_worker
 from helpers.experiments import data_pipeline as pl
 from helpers.experiments.scaling import (
     ComputeModel,
@@ -21,11 +21,14 @@ from helpers.experiments.scaling import (
     published_table,
 )
 from helpers.experiments.single_device import (
+    BESIDE,
     add_baselines,
     baseline_runs,
     ceiling_plan,
     single_device_plan,
     speedup_text,
+    tally,
+    threads_slower,
     tie_bands,
 )
 from helpers.training import (
@@ -185,6 +188,9 @@ def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     single = table[table["layout"] == "single device"].iloc[-1]
     assert (single["world"], single["threads_per_worker"]) == (1, available_cores())
     assert single["threads_used"] == available_cores()  # as the worker's torch reported it
+    # its partner in the same launch ran on one worker's share, as its own torch reported it
+    assert single["beside_threads"] == default_threads_per_worker() < available_cores()
+    assert single["beside_seconds"] > 0
     assert single["sync"] == "none" and single["buckets"] == 0  # the plain model, no DDP
     assert single["timed_steps"] == 1 and single["seconds"] > 0
     ceiling = table[table["layout"] == "no communication"]
@@ -192,9 +198,12 @@ def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     assert len(table.attrs["repeats"]) == 1 + len(ceiling) // 2  # a warm-up and its repeat a launch
     # repeat: each training twice in a row, the table keeping the first of the two
     twice = pd.DataFrame(table.attrs["twice"])
-    assert list(zip(twice["layout"], twice["global_batch"], strict=True)) == list(
+    first = twice[twice["layout"] != BESIDE]
+    assert list(zip(first["layout"], first["global_batch"], strict=True)) == list(
         zip(table["layout"], table["global_batch"], strict=True))  # fmt: skip
-    assert (twice["first"].to_numpy() == table["seconds"].to_numpy()).all()
+    assert (first["first"].to_numpy() == table["seconds"].to_numpy()).all()
+    partner = twice[twice["layout"] == BESIDE]  # the pair, then the pair again
+    assert partner["first"].tolist() == table["beside_seconds"].dropna().tolist()
     assert (twice["second"] > 0).all()
 
 
@@ -247,6 +256,39 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     assert speedup_text(sweep) == speedup_text(sweep, None)  # unchanged without baselines
     with pytest.raises(ValueError, match="global batch \\[512\\]"):
         add_baselines(sweep, baselines.assign(global_batch=512))
+
+
+def test_the_single_device_is_judged_against_its_partner_and_a_contended_point_gets_no_verdict():
+    # the sweep: 1 worker 4.0 s and 2 DDP workers 2.0 s at both batches (2.00x)
+    sweep = add_speedup(
+        pd.DataFrame({"world": [1, 2, 1, 2], "global_batch": [256, 256, 2048, 2048],
+                      "threads_per_worker": [1] * 4, "seconds": [4.0, 2.0, 4.0, 2.0],
+                      "samples_per_s": [1.0] * 4})
+    )  # fmt: skip
+    # the single device's launch met a burst of load: its 1-thread partner took 6.0 s, not 4.0
+    baselines = pd.DataFrame(
+        {"layout": ["single device"] * 2, "world": [1, 1], "threads_per_worker": [2, 2],
+         "global_batch": [256, 2048], "seconds": [2.5, 7.0], "samples_per_s": [1.0, 1.0],
+         "beside_seconds": [6.0, 6.0], "beside_threads": [1, 1]}
+    )  # fmt: skip
+    both = add_baselines(sweep, baselines)
+    # over the partner, not over the sweep's 4.0 s: 6.0 / 2.5 = 2.4x at 256 (4.0 / 2.5 = 1.6x
+    # would have lost to DDP's 2.00x); 6.0 / 7.0 at 2048, two threads slower than one
+    np.testing.assert_allclose(both["speedup"], [2.4, 6 / 7])
+    np.testing.assert_allclose(both["efficiency"], [1.2, 3 / 7])  # per core: over 2 cores
+    assert threads_slower(baselines) == [2048]  # 7.0 s against 6.0 s, beyond 5%
+    assert threads_slower(baselines, pd.Series({256: 0.05, 2048: 0.2})) == []  # inside 20%
+    counted = tally(sweep, baselines)
+    assert (counted["threads"], counted["ddp"], counted["tie"]) == ([256], [], [])
+    assert counted["suspect"] == [2048] and counted["world"] == 2  # left out of the three
+    text = speedup_text(sweep, baselines)
+    assert "global batch  256: 1 worker x 2 threads 2.40x" in text
+    assert "NO VERDICT: 2 threads took 17% longer than 1 thread beside them" in text
+    # without a partner (an older table), the sweep's 1-worker run is the baseline again
+    alone = baselines.drop(columns=["beside_seconds", "beside_threads"])
+    np.testing.assert_allclose(add_baselines(sweep, alone)["speedup"], [1.6, 4 / 7])
+    assert threads_slower(alone) == []
+    assert tally(sweep, alone)["ddp"] == [256, 2048]
 
 
 # --------------------------------------------------------------------------- the figures
