@@ -258,37 +258,48 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
         add_baselines(sweep, baselines.assign(global_batch=512))
 
 
-def test_the_single_device_is_judged_against_its_partner_and_a_contended_point_gets_no_verdict():
-    # the sweep: 1 worker 4.0 s and 2 DDP workers 2.0 s at both batches (2.00x)
+def test_the_single_device_is_judged_over_both_one_worker_runs_and_at_its_best_threads():
+    # the sweep: 1 worker 4.0 s and 2 DDP workers 2.0 s at every batch (2.00x)
     sweep = add_speedup(
-        pd.DataFrame({"world": [1, 2, 1, 2], "global_batch": [256, 256, 2048, 2048],
-                      "threads_per_worker": [1] * 4, "seconds": [4.0, 2.0, 4.0, 2.0],
-                      "samples_per_s": [1.0] * 4})
+        pd.DataFrame({"world": [1, 2] * 3, "global_batch": [64, 64, 256, 256, 2048, 2048],
+                      "threads_per_worker": [1] * 6, "seconds": [4.0, 2.0] * 3,
+                      "samples_per_s": [1.0] * 6})
     )  # fmt: skip
-    # the single device's launch met a burst of load: its 1-thread partner took 6.0 s, not 4.0
+    # the single device's launch: at 256 and 2048 its 1-thread partner took 6.0 s, not 4.0
     baselines = pd.DataFrame(
-        {"layout": ["single device"] * 2, "world": [1, 1], "threads_per_worker": [2, 2],
-         "global_batch": [256, 2048], "seconds": [2.5, 7.0], "samples_per_s": [1.0, 1.0],
-         "beside_seconds": [6.0, 6.0], "beside_threads": [1, 1]}
+        {"layout": ["single device"] * 3, "world": [1] * 3, "threads_per_worker": [2] * 3,
+         "global_batch": [64, 256, 2048], "seconds": [1.2, 2.5, 7.0], "samples_per_s": [1.0] * 3,
+         "beside_seconds": [3.0, 6.0, 6.0], "beside_threads": [1] * 3}
     )  # fmt: skip
     both = add_baselines(sweep, baselines)
-    # over the partner, not over the sweep's 4.0 s: 6.0 / 2.5 = 2.4x at 256 (4.0 / 2.5 = 1.6x
-    # would have lost to DDP's 2.00x); 6.0 / 7.0 at 2048, two threads slower than one
-    np.testing.assert_allclose(both["speedup"], [2.4, 6 / 7])
-    np.testing.assert_allclose(both["efficiency"], [1.2, 3 / 7])  # per core: over 2 cores
+    # the table's speed-up is over the partner: 3.0 / 1.2, 6.0 / 2.5, 6.0 / 7.0
+    np.testing.assert_allclose(both["speedup"], [2.5, 2.4, 6 / 7])
+    np.testing.assert_allclose(both["efficiency"], [1.25, 1.2, 3 / 7])  # per core: over 2 cores
     assert threads_slower(baselines) == [2048]  # 7.0 s against 6.0 s, beyond 5%
-    assert threads_slower(baselines, pd.Series({256: 0.05, 2048: 0.2})) == []  # inside 20%
+    assert threads_slower(baselines, pd.Series({64: 0.05, 256: 0.05, 2048: 0.2})) == []
     counted = tally(sweep, baselines)
-    assert (counted["threads"], counted["ddp"], counted["tie"]) == ([256], [], [])
-    assert counted["suspect"] == [2048] and counted["world"] == 2  # left out of the three
+    # 64: 2.5x over the partner, 3.33x over the sweep's run, both beat DDP's 2.00x;
+    # 256: 2.4x over the partner but 1.6x over the sweep's: the verdicts differ, a tie;
+    # 2048: every core lost to one thread, judged at one thread: 1.0x or 0.67x, DDP either way
+    assert (counted["threads"], counted["tie"], counted["ddp"]) == ([64], [256], [2048])
+    assert (counted["unsettled"], counted["contended"], counted["world"]) == ([256], [2048], 2)
     text = speedup_text(sweep, baselines)
-    assert "global batch  256: 1 worker x 2 threads 2.40x" in text
-    assert "NO VERDICT: 2 threads took 17% longer than 1 thread beside them" in text
-    # without a partner (an older table), the sweep's 1-worker run is the baseline again
+    assert "global batch  256: 1 worker x 2 threads 2.40x over its partner (1.60x over the " \
+           "sweep's)" in text  # fmt: skip
+    assert "a tie\n    a tie: over its partner and over the sweep's 1-worker run" in text
+    assert "DDP faster\n    every core took 17% longer than its partner" in text
+    assert "global batch   64: 1 worker x 2 threads 2.50x over its partner (3.33x over the " \
+           "sweep's); 2 DDP workers x 1 thread(s) 2.00x: one worker on every core faster" in text
+    # DDP at 0.50x at 2048 (8.0 s): one thread, 1.0x over itself and 0.67x over the sweep's
+    # run, beats it either way, and the win is named for the partner's threads
+    slow_ddp = add_speedup(sweep.assign(seconds=[4.0, 2.0, 4.0, 2.0, 4.0, 8.0]))
+    assert tally(slow_ddp, baselines)["threads"] == [64, 2048]
+    assert "one worker at its partner's threads faster" in speedup_text(slow_ddp, baselines)
+    # without a partner (an older table), the sweep's 1-worker run is the only baseline
     alone = baselines.drop(columns=["beside_seconds", "beside_threads"])
-    np.testing.assert_allclose(add_baselines(sweep, alone)["speedup"], [1.6, 4 / 7])
+    np.testing.assert_allclose(add_baselines(sweep, alone)["speedup"], [4 / 1.2, 1.6, 4 / 7])
     assert threads_slower(alone) == []
-    assert tally(sweep, alone)["ddp"] == [256, 2048]
+    assert tally(sweep, alone)["threads"] == [64] and tally(sweep, alone)["ddp"] == [256, 2048]
 
 
 # --------------------------------------------------------------------------- the figures

@@ -182,10 +182,10 @@ def _band(tie: float | pd.Series, batch: int) -> float:
 
 
 def threads_slower(baselines: pd.DataFrame, tie: float | pd.Series = TIE) -> list[int]:
-    """The global batches where the single device ran slower than the one thread timed beside it,
-    beyond that batch's tie band. More threads on the same products should not be slower: such a
-    point measured contention (another program holding a core makes every parallel region wait
-    for its slowest thread) or products too small to split, not the layout."""
+    """The global batches where the single device ran slower than its partner (fewer threads,
+    timed beside it) beyond that batch's tie band: contention (another program holding a core
+    makes every parallel region wait for its slowest thread) or more threads than the products
+    can use. One run cannot tell which: ``judge`` then takes the faster of the two."""
     rows = baselines[baselines["layout"].eq(SINGLE_DEVICE)]
     if "beside_seconds" not in rows:
         return []
@@ -193,23 +193,53 @@ def threads_slower(baselines: pd.DataFrame, tie: float | pd.Series = TIE) -> lis
             if r.seconds > r.beside_seconds * (1 + _band(tie, int(r.global_batch)))]  # fmt: skip
 
 
+def judge(
+    single: float, beside: float | None, sweep_one: float, ddp: float, band: float
+) -> tuple[str, list[str]]:
+    """One batch's verdict, "threads", "ddp" or "tie", and why where it needs saying.
+    ``single``: the single device's seconds; ``beside``: its partner's (None without one);
+    ``sweep_one``: the sweep's 1-worker seconds; ``ddp``: DDP's speed-up over those. The single
+    device counts at its best: its partner's threads where every core lost to them beyond the
+    band. Its speed-up is taken over both 1-worker runs (its partner's launch, and the sweep's,
+    which DDP's speed-up divides); where the two verdicts differ, the launches' load decided it,
+    and the batch is a tie."""
+    notes, best = [], single
+    if beside is not None and single > beside * (1 + band):
+        notes.append(f"every core took {single / beside - 1:.0%} longer than its partner, beyond "
+                     "the band (contention, or more threads than these products use: one run "
+                     "cannot tell); judged at its partner's threads")  # fmt: skip
+        best = beside
+    verdicts = {
+        "tie" if abs(s - ddp) <= band * max(s, ddp) else ("threads" if s > ddp else "ddp")
+        for base in ([sweep_one] if beside is None else [beside, sweep_one])
+        for s in [base / best]
+    }
+    if len(verdicts) > 1:
+        notes.append("a tie: over its partner and over the sweep's 1-worker run the verdicts "
+                     "differ")  # fmt: skip
+        return "tie", notes
+    return verdicts.pop(), notes
+
+
 def tally(table: pd.DataFrame, baselines: pd.DataFrame, tie: float | pd.Series = TIE) -> dict:
-    """Section 5's count, batch by batch, of the single device against the sweep's most DDP
-    workers, each by its speed-up over its own 1-worker baseline: the batches where the threads
-    were faster beyond the tie band, where DDP was, the ties, and ``threads_slower``'s batches,
-    which are left out of the three (no verdict on a layout from a contended point)."""
-    both = add_baselines(table, baselines)
-    single = both[both["layout"].eq(SINGLE_DEVICE)].set_index("global_batch")["speedup"]
+    """Section 5's count, batch by batch (``judge``), of the single device against the sweep's
+    most DDP workers: the batches where the threads were faster beyond the tie band, where DDP
+    was, the ties; and, among them, the batches judged at the partner's threads (``contended``)
+    and those where the two 1-worker runs gave different verdicts (``unsettled``)."""
+    single = baselines[baselines["layout"].eq(SINGLE_DEVICE)].set_index("global_batch")
     most = table["world"].max()
     ddp = table[table["world"].eq(most)].set_index("global_batch")["speedup"]
-    suspect = set(threads_slower(baselines, tie))
-    counts = {"threads": [], "ddp": [], "tie": [], "suspect": sorted(suspect), "world": int(most)}
+    one = table[table["world"].eq(1)].set_index("global_batch")["seconds"]
+    counts = {"threads": [], "ddp": [], "tie": [], "contended": [], "unsettled": [],
+              "world": int(most)}  # fmt: skip
     for batch in single.index.intersection(ddp.index):
-        if batch in suspect:
-            continue
-        s, d, band = single[batch], ddp[batch], _band(tie, int(batch))
-        key = "tie" if abs(s - d) <= band * max(s, d) else ("threads" if s > d else "ddp")
+        row = single.loc[batch]
+        beside = row.get("beside_seconds", float("nan"))
+        key, notes = judge(row["seconds"], None if pd.isna(beside) else beside, one[batch],
+                           ddp[batch], _band(tie, int(batch)))  # fmt: skip
         counts[key].append(int(batch))
+        counts["contended"] += [int(batch)] * any("every core" in n for n in notes)
+        counts["unsettled"] += [int(batch)] * any("verdicts differ" in n for n in notes)
     return counts
 
 
@@ -251,19 +281,22 @@ def _single_device_verdict(both: pd.DataFrame, tie: float | pd.Series = TIE) -> 
         if single.empty or ddp.empty or ddp["world"].iloc[0] < 2:
             continue
         s, d = single.iloc[0], ddp.iloc[0]
-        head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
-                f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
-                f"thread(s) {d['speedup']:.2f}x")  # fmt: skip
+        one = rows[(rows["layout"] == PLAIN) & (rows["world"] == 1)]["seconds"].iloc[0]
         beside = s.get("beside_seconds", float("nan"))
-        if s["seconds"] > beside * (1 + band):  # threads_slower's test
-            verdict = (f"NO VERDICT: {s['threads_per_worker']} threads took "
-                       f"{s['seconds'] / beside - 1:.0%} longer than 1 thread beside them, beyond "
-                       "the band (contention, or products too small to split)")  # fmt: skip
-        elif abs(s["speedup"] - d["speedup"]) <= band * max(s["speedup"], d["speedup"]):
-            verdict = f"a tie (within {band:.0%}, inside run-to-run noise)"
-        else:
-            verdict = ("one worker on every core" if s["speedup"] > d["speedup"] else "DDP")
-            verdict += " faster"
+        beside = None if pd.isna(beside) else float(beside)
+        over = ("" if beside is None
+                else f" over its partner ({one / s['seconds']:.2f}x over the sweep's)")  # fmt: skip
+        head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
+                f"{s['speedup']:.2f}x{over}; {d['world']} DDP workers x "
+                f"{d['threads_per_worker']} thread(s) {d['speedup']:.2f}x")  # fmt: skip
+        key, notes = judge(float(s["seconds"]), beside, float(one), float(d["speedup"]), band)
+        contended = any("every core" in note for note in notes)
+        winner = "one worker at its partner's threads" if contended else "one worker on every core"
+        verdict = {"tie": f"a tie (within {band:.0%}, inside run-to-run noise)",
+                   "ddp": "DDP faster", "threads": f"{winner} faster"}[key]  # fmt: skip
+        if any("verdicts differ" in note for note in notes):
+            verdict = "a tie"
+        verdict += "".join(f"\n    {note}" for note in notes)
         free = rows[(rows["layout"] == NO_COMMUNICATION) & (rows["world"] == d["world"])]
         f = free["speedup"].iloc[0] if len(free) else None
         lines.append(f"{head}: {verdict}" + _beside_silent(s["speedup"], d["speedup"], f, band))
