@@ -12,7 +12,7 @@ import torch
 from helpers.data.hapt_pickle import PACKAGE_PIN, find_pickle
 from helpers.data.har import HARDataError
 from helpers.dist.comm_model import AlphaBeta
-from helpers.dist.cores import available_cores
+from helpers.dist.cores import available_cores, default_threads_per_worker
 from helpers.experiments import data_pipeline as pl
 from helpers.experiments.scaling import (
     ComputeModel,
@@ -21,11 +21,14 @@ from helpers.experiments.scaling import (
     published_table,
 )
 from helpers.experiments.single_device import (
+    BESIDE,
     add_baselines,
     baseline_runs,
     ceiling_plan,
     single_device_plan,
     speedup_text,
+    tally,
+    threads_slower,
     tie_bands,
 )
 from helpers.training import (
@@ -185,6 +188,9 @@ def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     single = table[table["layout"] == "single device"].iloc[-1]
     assert (single["world"], single["threads_per_worker"]) == (1, available_cores())
     assert single["threads_used"] == available_cores()  # as the worker's torch reported it
+    # its partner in the same launch ran on one worker's share, as its own torch reported it
+    assert single["beside_threads"] == default_threads_per_worker() < available_cores()
+    assert single["beside_seconds"] > 0
     assert single["sync"] == "none" and single["buckets"] == 0  # the plain model, no DDP
     assert single["timed_steps"] == 1 and single["seconds"] > 0
     ceiling = table[table["layout"] == "no communication"]
@@ -192,9 +198,12 @@ def test_a_tiny_real_baseline_run_reports_every_core(monkeypatch):
     assert len(table.attrs["repeats"]) == 1 + len(ceiling) // 2  # a warm-up and its repeat a launch
     # repeat: each training twice in a row, the table keeping the first of the two
     twice = pd.DataFrame(table.attrs["twice"])
-    assert list(zip(twice["layout"], twice["global_batch"], strict=True)) == list(
+    first = twice[twice["layout"] != BESIDE]
+    assert list(zip(first["layout"], first["global_batch"], strict=True)) == list(
         zip(table["layout"], table["global_batch"], strict=True))  # fmt: skip
-    assert (twice["first"].to_numpy() == table["seconds"].to_numpy()).all()
+    assert (first["first"].to_numpy() == table["seconds"].to_numpy()).all()
+    partner = twice[twice["layout"] == BESIDE]  # the pair, then the pair again
+    assert partner["first"].tolist() == table["beside_seconds"].dropna().tolist()
     assert (twice["second"] > 0).all()
 
 
@@ -247,6 +256,50 @@ def test_baselines_are_compared_with_the_sweeps_one_worker_per_core():
     assert speedup_text(sweep) == speedup_text(sweep, None)  # unchanged without baselines
     with pytest.raises(ValueError, match="global batch \\[512\\]"):
         add_baselines(sweep, baselines.assign(global_batch=512))
+
+
+def test_the_single_device_is_judged_over_both_one_worker_runs_and_at_its_best_threads():
+    # the sweep: 1 worker 4.0 s and 2 DDP workers 2.0 s at every batch (2.00x)
+    sweep = add_speedup(
+        pd.DataFrame({"world": [1, 2] * 3, "global_batch": [64, 64, 256, 256, 2048, 2048],
+                      "threads_per_worker": [1] * 6, "seconds": [4.0, 2.0] * 3,
+                      "samples_per_s": [1.0] * 6})
+    )  # fmt: skip
+    # the single device's launch: at 256 and 2048 its 1-thread partner took 6.0 s, not 4.0
+    baselines = pd.DataFrame(
+        {"layout": ["single device"] * 3, "world": [1] * 3, "threads_per_worker": [2] * 3,
+         "global_batch": [64, 256, 2048], "seconds": [1.2, 2.5, 7.0], "samples_per_s": [1.0] * 3,
+         "beside_seconds": [3.0, 6.0, 6.0], "beside_threads": [1] * 3}
+    )  # fmt: skip
+    both = add_baselines(sweep, baselines)
+    # the table's speed-up is over the partner: 3.0 / 1.2, 6.0 / 2.5, 6.0 / 7.0
+    np.testing.assert_allclose(both["speedup"], [2.5, 2.4, 6 / 7])
+    np.testing.assert_allclose(both["efficiency"], [1.25, 1.2, 3 / 7])  # per core: over 2 cores
+    assert threads_slower(baselines) == [2048]  # 7.0 s against 6.0 s, beyond 5%
+    assert threads_slower(baselines, pd.Series({64: 0.05, 256: 0.05, 2048: 0.2})) == []
+    counted = tally(sweep, baselines)
+    # 64: 2.5x over the partner, 3.33x over the sweep's run, both beat DDP's 2.00x;
+    # 256: 2.4x over the partner but 1.6x over the sweep's: the verdicts differ, a tie;
+    # 2048: every core lost to one thread, judged at one thread: 1.0x or 0.67x, DDP either way
+    assert (counted["threads"], counted["tie"], counted["ddp"]) == ([64], [256], [2048])
+    assert (counted["unsettled"], counted["contended"], counted["world"]) == ([256], [2048], 2)
+    text = speedup_text(sweep, baselines)
+    assert "global batch  256: 1 worker x 2 threads 2.40x over its partner (1.60x over the " \
+           "sweep's)" in text  # fmt: skip
+    assert "a tie\n    a tie: over its partner and over the sweep's 1-worker run" in text
+    assert "DDP faster\n    every core took 17% longer than its partner" in text
+    assert "global batch   64: 1 worker x 2 threads 2.50x over its partner (3.33x over the " \
+           "sweep's); 2 DDP workers x 1 thread(s) 2.00x: one worker on every core faster" in text
+    # DDP at 0.50x at 2048 (8.0 s): one thread, 1.0x over itself and 0.67x over the sweep's
+    # run, beats it either way, and the win is named for the partner's threads
+    slow_ddp = add_speedup(sweep.assign(seconds=[4.0, 2.0, 4.0, 2.0, 4.0, 8.0]))
+    assert tally(slow_ddp, baselines)["threads"] == [64, 2048]
+    assert "one worker at its partner's threads faster" in speedup_text(slow_ddp, baselines)
+    # without a partner (an older table), the sweep's 1-worker run is the only baseline
+    alone = baselines.drop(columns=["beside_seconds", "beside_threads"])
+    np.testing.assert_allclose(add_baselines(sweep, alone)["speedup"], [4 / 1.2, 1.6, 4 / 7])
+    assert threads_slower(alone) == []
+    assert tally(sweep, alone)["threads"] == [64] and tally(sweep, alone)["ddp"] == [256, 2048]
 
 
 # --------------------------------------------------------------------------- the figures

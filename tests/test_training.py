@@ -26,6 +26,7 @@ from helpers.training import (
     epoch_order,
     local_slice,
     run_training,
+    run_trainings,
     steps_per_epoch,
     train_in_process,
     validate,
@@ -159,6 +160,14 @@ def test_local_slices_partition_every_global_batch():
 def test_configurations_that_cannot_split_are_refused(world, batch, message):
     with pytest.raises(ValueError, match=message):
         validate(TrainConfig(global_batch=batch), world, 7352)
+
+
+def test_a_training_asking_for_more_threads_than_its_launch_reserved_is_refused():
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        validate(TrainConfig(threads=0), 1, 7352)
+    # before any worker starts: 1 worker of 1 thread reserved, a training asks for 2
+    with pytest.raises(ValueError, match="asks for 2 threads where its launch reserved 1 per"):
+        run_trainings(1, [TrainConfig(threads=2, data="standin")], threads_per_worker=1)
 
 
 @pytest.mark.slow

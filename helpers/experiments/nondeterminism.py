@@ -33,8 +33,7 @@ from collections.abc import Iterator
 
 import torch
 
-from helpers.training import TrainConfig, train_in_process
-from helpers.training.runs import torch_threads
+from helpers.training import TrainConfig, torch_threads, train_in_process
 
 # The course's simulated other processor (the Makefile's OTHER_PROCESSOR): ATen's kernels
 # without AVX2/AVX-512, and MKL's compatible code path.

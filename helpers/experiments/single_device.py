@@ -40,6 +40,9 @@ from helpers.training import TrainConfig
 from helpers.training.measure import speedup
 
 SINGLE_DEVICE = "single device"
+BESIDE = "1 worker beside the single device"  # its partner in the same launch
+TIE = 0.05  # closer speed-ups are a tie: an assumed floor under the measured noise of single
+# runs (``tie_bands``, from trainings timed twice), for when two times happen to come out close
 
 
 def single_device_plan(cores: int | None = None) -> WorldPlan:
@@ -72,43 +75,67 @@ def baseline_runs(
     """Time the single device (one worker, every core, the plain model: no DDP) at every global
     batch, with the sweep's ``budget`` (the same steps, ``UNTIMED_STEPS`` off the clock), all
     batches in one launch so that its start-up is paid once, after a warm-up
-    (``scaling.timed_launch``); with ``ceiling``,
-    the same for the ``ceiling_plan``'s workers, never communicating (``scaling.sweep``'s
-    ``silent`` interleaves those with DDP's instead). Returns one row per run: layout ("single
-    device" or "no communication") and ``scaling.run_row``'s columns, threads_used the fewest
-    intra-op threads a worker reported running with. With ``repeat``, each training runs twice
-    in a row, as ``scaling.sweep``'s (``attrs["twice"]``). Speed-ups come from ``add_baselines``,
-    against the sweep's."""
+    (``scaling.timed_launch``). Each training is followed in that launch by the same one on one
+    worker's share of the cores (``default_threads_per_worker``, the sweep's 1-worker layout),
+    so that a change in the machine's load falls on both: the single device's speed-up is over
+    that partner (columns ``beside_seconds``, ``beside_threads``), not over another launch's.
+    With ``ceiling``, the same for the ``ceiling_plan``'s workers, never communicating
+    (``scaling.sweep``'s ``silent`` interleaves those with DDP's instead). Returns one row per
+    run: layout ("single device" or "no communication") and ``scaling.run_row``'s columns,
+    threads_used the fewest intra-op threads a worker reported running with. With ``repeat``,
+    each pair runs twice in a row (A B A B), as ``scaling.sweep``'s (``attrs["twice"]``, the
+    partner's under ``BESIDE``). Speed-ups come from ``add_baselines``."""
     har = load_har(data)
     points = budget(global_batches, len(har.X_train), min_steps)
+    cores = available_cores() if cores is None else cores
+    beside_threads = default_threads_per_worker(cores)
 
-    def configs(sync: str) -> list[TrainConfig]:
+    def configs(sync: str, threads: int | None = None) -> list[TrainConfig]:
         return [
             TrainConfig(global_batch=int(p.global_batch), epochs=int(p.epochs), lr=lr,
-                        data=har.source, untimed_steps=UNTIMED_STEPS, sync=sync)  # fmt: skip
+                        data=har.source, untimed_steps=UNTIMED_STEPS, sync=sync,
+                        threads=threads)  # fmt: skip
             for p in points.itertuples(index=False)
         ]
 
-    plans = [(SINGLE_DEVICE, single_device_plan(cores), "none")]  # the plain model
-    if ceiling and (plan := ceiling_plan(cores)) is not None:
-        plans.append((NO_COMMUNICATION, plan, "none"))
-    rows, repeats, twice = [], [], []
     copies = 2 if repeat else 1
-    for layout, plan, sync in plans:
+    rows, repeats, twice = [], [], []
+
+    def timed(layout: str, plan: WorldPlan, launched: list[TrainConfig]) -> list:
         if progress is not None:
             progress(
                 f"{layout}: {plan.world_size} worker(s) x {plan.threads_per_worker} thread(s), "
                 f"global batches {', '.join(str(b) for b in points['global_batch'])}"
+                + (f", each followed by the same on {beside_threads} thread(s)"
+                   if layout == SINGLE_DEVICE else "")  # fmt: skip
             )
-        runs, warm = timed_launch(plan, [c for c in configs(sync) for _ in range(copies)])
-        repeats.append((warm.seconds, runs[0].seconds))  # one training, twice
+        runs, warm = timed_launch(plan, launched)
+        repeats.append((warm.seconds, runs[0].seconds))  # the first training, twice
         if progress is not None:
             progress(warmup_text(warm, runs[0]))
+        return runs
+
+    # the single device: per batch its training, then the partner's, that pair again with repeat
+    single, beside = configs("none"), configs("none", beside_threads)
+    pairs = [c for pair in zip(single, beside, strict=True) for _ in range(copies) for c in pair]
+    runs = timed(SINGLE_DEVICE, single_device_plan(cores), pairs)
+    per_batch = [runs[i : i + 2 * copies] for i in range(0, len(runs), 2 * copies)]
+    for group, timed_steps in zip(per_batch, points["timed_steps"], strict=True):
+        first, partner = group[0], group[1]
+        rows.append({"layout": SINGLE_DEVICE, **run_row(first, timed_steps),
+                     "beside_seconds": partner.seconds,
+                     # as the partner's worker reported it (torch.get_num_threads())
+                     "beside_threads": run_row(partner, timed_steps)["threads_used"]})  # fmt: skip
+        if repeat:  # the pair, then the pair again
+            twice.append(twice_record(SINGLE_DEVICE, group[0], group[2]))
+            twice.append(twice_record(BESIDE, group[1], group[3]))
+    if ceiling and (plan := ceiling_plan(cores)) is not None:
+        runs = timed(NO_COMMUNICATION, plan, [c for c in configs("none") for _ in range(copies)])
         for run, timed_steps in zip(runs[::copies], points["timed_steps"], strict=True):
-            rows.append({"layout": layout, **run_row(run, timed_steps)})
+            rows.append({"layout": NO_COMMUNICATION, **run_row(run, timed_steps)})
         if repeat:  # runs holds each training twice in a row
-            pairs = zip(runs[::2], runs[1::2], strict=True)
-            twice += [twice_record(layout, first, second) for first, second in pairs]
+            pairs_twice = zip(runs[::2], runs[1::2], strict=True)
+            twice += [twice_record(NO_COMMUNICATION, a, b) for a, b in pairs_twice]
     table = pd.DataFrame(rows)
     table.attrs["data_source"] = har.source
     table.attrs["repeats"] = repeats  # (warm-up, timed) seconds per launch
@@ -118,22 +145,24 @@ def baseline_runs(
 
 def add_baselines(table: pd.DataFrame, baselines: pd.DataFrame) -> pd.DataFrame:
     """Speed-up of other layouts (``helpers.experiments.single_device``: one worker on every
-    core, workers that never communicate) over the sweep's 1-worker run (the plain model) at the
-    same batch, and
-    efficiency per core: speed-up divided by how many times that run's cores the layout used,
-    as the sweep's efficiency divides by the workers."""
+    core, workers that never communicate) over one worker at the same batch: the partner timed
+    beside it in its own launch where it has one (``beside_seconds``), else the sweep's 1-worker
+    run (the plain model); and efficiency per core: speed-up divided by how many times that
+    run's cores the layout used, as the sweep's efficiency divides by the workers."""
     base = table[table["world"] == 1].set_index("global_batch")
-    missing = set(baselines["global_batch"]) - set(base.index)
+    beside = (baselines["beside_seconds"].notna() if "beside_seconds" in baselines
+              else pd.Series(False, index=baselines.index))  # fmt: skip
+    missing = set(baselines.loc[~beside, "global_batch"]) - set(base.index)
     if missing:
         raise ValueError(f"no 1-worker run in the sweep for global batch {sorted(missing)}")
-    gained = speedup(baselines["global_batch"].map(base["seconds"]), baselines["seconds"])
+    seconds = baselines["global_batch"].map(base["seconds"])
+    threads = baselines["global_batch"].map(base["threads_per_worker"])
+    if beside.any():
+        seconds = seconds.where(~beside, baselines["beside_seconds"])
+        threads = threads.where(~beside, baselines["beside_threads"])
+    gained = speedup(seconds, baselines["seconds"])
     cores = baselines["world"] * baselines["threads_per_worker"]
-    times = cores / baselines["global_batch"].map(base["threads_per_worker"])
-    return baselines.assign(speedup=gained, efficiency=gained / times)
-
-
-TIE = 0.05  # closer speed-ups are a tie: an assumed floor under the measured noise of single
-# runs (``tie_bands``, from trainings timed twice), for when two times happen to come out close
+    return baselines.assign(speedup=gained, efficiency=gained / (cores / threads))
 
 
 def tie_bands(twice: Sequence[dict] | pd.DataFrame, floor: float = TIE) -> pd.Series:
@@ -150,6 +179,68 @@ def tie_bands(twice: Sequence[dict] | pd.DataFrame, floor: float = TIE) -> pd.Se
 def _band(tie: float | pd.Series, batch: int) -> float:
     """The tie band at ``batch``: one for every batch, or the batch's own (``tie_bands``)."""
     return float(tie[batch]) if isinstance(tie, pd.Series) else tie
+
+
+def threads_slower(baselines: pd.DataFrame, tie: float | pd.Series = TIE) -> list[int]:
+    """The global batches where the single device ran slower than its partner (fewer threads,
+    timed beside it) beyond that batch's tie band: contention (another program holding a core
+    makes every parallel region wait for its slowest thread) or more threads than the products
+    can use. One run cannot tell which: ``judge`` then takes the faster of the two."""
+    rows = baselines[baselines["layout"].eq(SINGLE_DEVICE)]
+    if "beside_seconds" not in rows:
+        return []
+    return [int(r.global_batch) for r in rows.itertuples()
+            if r.seconds > r.beside_seconds * (1 + _band(tie, int(r.global_batch)))]  # fmt: skip
+
+
+def judge(
+    single: float, beside: float | None, sweep_one: float, ddp: float, band: float
+) -> tuple[str, list[str]]:
+    """One batch's verdict, "threads", "ddp" or "tie", and why where it needs saying.
+    ``single``: the single device's seconds; ``beside``: its partner's (None without one);
+    ``sweep_one``: the sweep's 1-worker seconds; ``ddp``: DDP's speed-up over those. The single
+    device counts at its best: its partner's threads where every core lost to them beyond the
+    band. Its speed-up is taken over both 1-worker runs (its partner's launch, and the sweep's,
+    which DDP's speed-up divides); where the two verdicts differ, the launches' load decided it,
+    and the batch is a tie."""
+    notes, best = [], single
+    if beside is not None and single > beside * (1 + band):
+        notes.append(f"every core took {single / beside - 1:.0%} longer than its partner, beyond "
+                     "the band (contention, or more threads than these products use: one run "
+                     "cannot tell); judged at its partner's threads")  # fmt: skip
+        best = beside
+    verdicts = {
+        "tie" if abs(s - ddp) <= band * max(s, ddp) else ("threads" if s > ddp else "ddp")
+        for base in ([sweep_one] if beside is None else [beside, sweep_one])
+        for s in [base / best]
+    }
+    if len(verdicts) > 1:
+        notes.append("a tie: over its partner and over the sweep's 1-worker run the verdicts "
+                     "differ")  # fmt: skip
+        return "tie", notes
+    return verdicts.pop(), notes
+
+
+def tally(table: pd.DataFrame, baselines: pd.DataFrame, tie: float | pd.Series = TIE) -> dict:
+    """Section 5's count, batch by batch (``judge``), of the single device against the sweep's
+    most DDP workers: the batches where the threads were faster beyond the tie band, where DDP
+    was, the ties; and, among them, the batches judged at the partner's threads (``contended``)
+    and those where the two 1-worker runs gave different verdicts (``unsettled``)."""
+    single = baselines[baselines["layout"].eq(SINGLE_DEVICE)].set_index("global_batch")
+    most = table["world"].max()
+    ddp = table[table["world"].eq(most)].set_index("global_batch")["speedup"]
+    one = table[table["world"].eq(1)].set_index("global_batch")["seconds"]
+    counts = {"threads": [], "ddp": [], "tie": [], "contended": [], "unsettled": [],
+              "world": int(most)}  # fmt: skip
+    for batch in single.index.intersection(ddp.index):
+        row = single.loc[batch]
+        beside = row.get("beside_seconds", float("nan"))
+        key, notes = judge(row["seconds"], None if pd.isna(beside) else beside, one[batch],
+                           ddp[batch], _band(tie, int(batch)))  # fmt: skip
+        counts[key].append(int(batch))
+        counts["contended"] += [int(batch)] * any("every core" in n for n in notes)
+        counts["unsettled"] += [int(batch)] * any("verdicts differ" in n for n in notes)
+    return counts
 
 
 def speedup_text(
@@ -190,14 +281,22 @@ def _single_device_verdict(both: pd.DataFrame, tie: float | pd.Series = TIE) -> 
         if single.empty or ddp.empty or ddp["world"].iloc[0] < 2:
             continue
         s, d = single.iloc[0], ddp.iloc[0]
+        one = rows[(rows["layout"] == PLAIN) & (rows["world"] == 1)]["seconds"].iloc[0]
+        beside = s.get("beside_seconds", float("nan"))
+        beside = None if pd.isna(beside) else float(beside)
+        over = ("" if beside is None
+                else f" over its partner ({one / s['seconds']:.2f}x over the sweep's)")  # fmt: skip
         head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
-                f"{s['speedup']:.2f}x; {d['world']} DDP workers x {d['threads_per_worker']} "
-                f"thread(s) {d['speedup']:.2f}x")  # fmt: skip
-        if abs(s["speedup"] - d["speedup"]) <= band * max(s["speedup"], d["speedup"]):
-            verdict = f"a tie (within {band:.0%}, inside run-to-run noise)"
-        else:
-            verdict = ("one worker on every core" if s["speedup"] > d["speedup"] else "DDP")
-            verdict += " faster"
+                f"{s['speedup']:.2f}x{over}; {d['world']} DDP workers x "
+                f"{d['threads_per_worker']} thread(s) {d['speedup']:.2f}x")  # fmt: skip
+        key, notes = judge(float(s["seconds"]), beside, float(one), float(d["speedup"]), band)
+        contended = any("every core" in note for note in notes)
+        winner = "one worker at its partner's threads" if contended else "one worker on every core"
+        verdict = {"tie": f"a tie (within {band:.0%}, inside run-to-run noise)",
+                   "ddp": "DDP faster", "threads": f"{winner} faster"}[key]  # fmt: skip
+        if any("verdicts differ" in note for note in notes):
+            verdict = "a tie"
+        verdict += "".join(f"\n    {note}" for note in notes)
         free = rows[(rows["layout"] == NO_COMMUNICATION) & (rows["world"] == d["world"])]
         f = free["speedup"].iloc[0] if len(free) else None
         lines.append(f"{head}: {verdict}" + _beside_silent(s["speedup"], d["speedup"], f, band))

@@ -68,6 +68,8 @@ def draw_baselines(
         if layout == "single device":
             style = {"color": "black", "marker": "s", "ls": "-"}
             label = f"measured, 1 worker x {threads} threads (every core)"
+            if "beside_seconds" in group and group["beside_seconds"].notna().all():
+                label += ", over its partner"  # the same training on fewer threads, beside it
             label += ", per core" if metric == "efficiency" else ""
         else:
             style = {"color": colours.get(world), "marker": "x", "ls": ":"}
@@ -95,6 +97,11 @@ def plot_layouts(table: pd.DataFrame, baselines: pd.DataFrame, banner: str) -> F
         ax.plot(group["global_batch"], group["samples_per_s"], "s-" if single else "x:",
                 color="black" if single else f"C{world - 1}",
                 label=f"{layout}, {world} worker(s) x {threads} thread(s)")  # fmt: skip
+        if single and "beside_seconds" in group:  # its partner, trained right after it
+            rate = group["timed_steps"] * group["global_batch"] / group["beside_seconds"]
+            ax.plot(group["global_batch"], rate, "o--", color="C0", mfc="none",
+                    label=f"{PLAIN}, 1 worker x {int(group['beside_threads'].iloc[0])} thread(s), "
+                          "in the single device's launch")  # fmt: skip
     batches = sorted(table["global_batch"].unique())
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])

@@ -31,12 +31,12 @@ from helpers.training.runs import (
     run_training,
     run_trainings,
     summarise,
-    torch_threads,
     train_in_process,
 )
 from helpers.training.worker import (
     Probe,
     launch_data_source,
+    torch_threads,
     train_worker,
     train_worker_many,
     worker_data,

@@ -76,6 +76,9 @@ class TrainConfig:
     hidden: int = HIDDEN  # the MLP's width ...
     hidden_layers: int = 2  # ... and depth (notebook 08 widens it until it outgrows a worker)
     max_steps: int | None = None  # stop after this many steps (None: every step of every epoch)
+    # intra-op threads for this training alone (None: the launch's threads per worker), so that
+    # one launch can interleave layouts of one worker (05's single device beside one thread)
+    threads: int | None = None
 
 def steps_per_epoch(n_samples: int, global_batch: int) -> int:
     """Full global batches per epoch (the incomplete last one is dropped)."""
@@ -127,6 +130,8 @@ def validate(config: TrainConfig, world_size: int, n_samples: int) -> None:
         raise ValueError(
             f"max_steps must be at least 1 (or None for every step), got {config.max_steps}"
         )
+    if config.threads is not None and config.threads < 1:
+        raise ValueError(f"threads must be at least 1 (None: the launch's), got {config.threads}")
     if config.sync not in get_args(Sync):
         raise ValueError(f"sync must be one of {', '.join(get_args(Sync))}, got {config.sync!r}")
     steps = total_steps(config, n_samples)

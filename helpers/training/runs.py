@@ -5,8 +5,7 @@ is learnt rather than how fast."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -18,7 +17,7 @@ from helpers.dist.launch import launch
 from helpers.training.config import TrainConfig, make_model, total_steps, validate
 from helpers.training.loop import train_steps
 from helpers.training.metrics import accuracy_on_test
-from helpers.training.worker import _report, launch_data_source, train_worker_many
+from helpers.training.worker import _report, launch_data_source, torch_threads, train_worker_many
 
 
 @dataclass
@@ -90,6 +89,12 @@ def run_trainings(
     data = load_har(launch_data_source(configs))  # downloaded or built once, not in every worker
     for config in configs:
         validate(config, world, len(data.X_train))
+        if (config.threads or 0) > threads_per_worker and not oversubscribed:
+            raise ValueError(
+                f"a training asks for {config.threads} threads where its launch reserved "
+                f"{threads_per_worker} per worker: launch with threads_per_worker="
+                f"{config.threads}, or pass oversubscribed=True to time contention on purpose"
+            )
     configs = [replace(c, data=data.source) for c in configs]  # workers load what was resolved
     asked_at = time.time()
     per_rank = launch(
@@ -120,7 +125,7 @@ def summarise(
         world=len(reports),
         global_batch=config.global_batch,
         epochs=config.epochs,
-        threads_per_worker=threads_per_worker,
+        threads_per_worker=config.threads or threads_per_worker,
         seconds=max(r["seconds"] for r in reports),
         startup_seconds=max(r["ready_at"] for r in reports) - asked_at,
         accuracy=reports[0]["accuracy"],
@@ -138,16 +143,6 @@ def summarise(
         probes=[r["probe"] for r in reports],
         digests=[r["digest"] for r in reports],
     )
-
-@contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """Run a block with ``threads`` intra-op threads in this process, then restore the count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 def train_in_process(config: TrainConfig = TrainConfig(), threads: int | None = None) -> RunResult:
     """The same training in this process, no workers: what N workers do, divided up (notebook 03

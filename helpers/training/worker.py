@@ -4,7 +4,8 @@ and the report it sends back (``helpers.dist.launch`` or torchrun started it).""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,17 @@ from helpers.training.metrics import (
     weights_digest,
 )
 from helpers.training.wrap import build_model, unwrapped
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run a block with ``threads`` intra-op threads in this process, then restore the count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 class Probe:
@@ -90,10 +102,12 @@ def train_worker_many(
     for config in configs:
         if config.record_accuracy and device != "cpu":
             raise ValueError("record_accuracy evaluates on the CPU: train on the CPU to record it")
-    return [
-        _train_one(rank, world_size, config, data, X, y, probe, checkpoint, device)
-        for config in configs
-    ]
+    reports = []
+    for config in configs:  # each with its own threads where it asks for them
+        with torch_threads(config.threads) if config.threads else nullcontext():
+            reports.append(_train_one(rank, world_size, config, data, X, y, probe, checkpoint,
+                                      device))  # fmt: skip
+    return reports
 
 def _train_one(
     rank: int,
