@@ -21,7 +21,7 @@ GIGABIT_BETA = 8e-9  # seconds per byte at 1 Gbit/s (125 MB/s)
 # An all-reduce's fixed cost on a 1 Gbit/s Ethernet link, not the loopback's fit: an assumption,
 # 0.5 ms a call, notebook 10's, of the order of Gloo's fixed cost on the loopback (larger when
 # fitted under load). Measured beside it: Gloo over the kernel's TCP stack between two network
-# namespaces, a veth pair that tc limits to 1 Gbit/s, from about 0.03 to 0.4 ms in notebook 10's
+# namespaces, a veth pair that tc limits to 1 Gbit/s, from about 0.03 to 1 ms in notebook 10's
 # runs, as the load moved (``python -m helpers.experiments.veth``); a real link adds its round
 # trip through network cards and a switch, tens of microseconds. At 1 Gbit/s the gradient's bytes
 # (52 ms) outweigh 0.5 ms a hundredfold.
