@@ -290,6 +290,14 @@ def test_the_single_device_is_judged_over_both_one_worker_runs_and_at_its_best_t
     assert "DDP faster\n    every core took 17% longer than its partner" in text
     assert "global batch   64: 1 worker x 2 threads 2.50x over its partner (3.33x over the " \
            "sweep's); 2 DDP workers x 1 thread(s) 2.00x: one worker on every core faster" in text
+    assert "single device (over its partner; eff. per core)" in text
+    # never communicating at 256, 4.0 / 2.2 = 1.82x: slower than the threads over the partner
+    # (2.40x), faster over the sweep's run (1.60x): no order, as for DDP's verdict
+    free = pd.DataFrame({"layout": ["no communication"], "world": [2], "threads_per_worker": [1],
+                         "global_batch": [256], "seconds": [2.2], "samples_per_s": [1.0]})
+    with_free = speedup_text(sweep, pd.concat([baselines, free], ignore_index=True))
+    assert "never communicating 1.82x, tied with the threads (the 1-worker runs disagree)" \
+        in with_free  # fmt: skip
     # DDP at 0.50x at 2048 (8.0 s): one thread, 1.0x over itself and 0.67x over the sweep's
     # run, beats it either way, and the win is named for the partner's threads
     slow_ddp = add_speedup(sweep.assign(seconds=[4.0, 2.0, 4.0, 2.0, 4.0, 8.0]))

@@ -262,7 +262,10 @@ def speedup_text(
     shown = table[columns].rename(columns={"threads_per_worker": "threads"})
     if "layout" in shown:  # its efficiency divides by its cores, not by workers
         per_core = shown["layout"].eq(SINGLE_DEVICE)
-        shown["layout"] = shown["layout"].where(~per_core, SINGLE_DEVICE + " (eff. per core)")
+        paired = "beside_seconds" in table and table["beside_seconds"].notna().any()
+        name = SINGLE_DEVICE + (" (over its partner; eff. per core)" if paired
+                                else " (eff. per core)")  # fmt: skip
+        shown["layout"] = shown["layout"].where(~per_core, name)
     formats = {"seconds": "{:.2f}", "samples_per_s": "{:,.0f}", "speedup": "{:.2f}x",
                "efficiency": "{:.0%}"}  # fmt: skip
     text = shown.to_string(index=False, formatters={k: f.format for k, f in formats.items()})
@@ -299,17 +302,26 @@ def _single_device_verdict(both: pd.DataFrame, tie: float | pd.Series = TIE) -> 
         verdict += "".join(f"\n    {note}" for note in notes)
         free = rows[(rows["layout"] == NO_COMMUNICATION) & (rows["world"] == d["world"])]
         f = free["speedup"].iloc[0] if len(free) else None
-        lines.append(f"{head}: {verdict}" + _beside_silent(s["speedup"], d["speedup"], f, band))
+        best = beside if contended else float(s["seconds"])  # the single device at its best
+        singles = [one / best] + ([] if beside is None else [beside / best])
+        lines.append(f"{head}: {verdict}" + _beside_silent(singles, d["speedup"], f, band))
     return "\n".join(lines)
 
 
-def _beside_silent(single: float, ddp: float, free: float | None, tie: float = TIE) -> str:
-    """The same workers never communicating, measured beside both (nothing without them)."""
+def _beside_silent(
+    singles: Sequence[float], ddp: float, free: float | None, tie: float = TIE
+) -> str:
+    """The same workers never communicating, measured beside both (nothing without them), set
+    against the single device's speed-up over each 1-worker run it has (``judge``'s rule: where
+    the orders differ, the 1-worker runs decided it, and it is a tie)."""
     if free is None:
         return ""
-    if abs(free - single) <= tie * max(free, single):
-        against = f"tied with the threads (within {tie:.0%})"
-    else:
-        against = "faster than the threads" if free > single else "slower than the threads"
+    orders = {
+        f"tied with the threads (within {tie:.0%})" if abs(free - single) <= tie * max(free, single)
+        else "faster than the threads" if free > single else "slower than the threads"
+        for single in singles
+    }  # fmt: skip
+    disagree = "tied with the threads (the 1-worker runs disagree)"
+    against = orders.pop() if len(orders) == 1 else disagree
     return (f"\n    never communicating {free:.2f}x, {against}; DDP at {ddp / free:.0%} of it "
             "(the gap: all-reduce, wait for the slower worker, DDP's copies)")
