@@ -27,6 +27,7 @@ from helpers.experiments.scaling import (
     ddp_cost,
     ddp_cost_text,
     fit_compute,
+    fit_compute_physical,
     measured_and_model,
     measured_and_model_text,
     predict_speedup,
@@ -116,6 +117,22 @@ def test_fit_compute_recovers_the_line_from_one_worker_runs_only():
     assert fit.c0 == pytest.approx(COMPUTE.c0) and fit.c1 == pytest.approx(COMPUTE.c1)
     with pytest.raises(ValueError, match="2 or more"):
         fit_compute(one.head(1))
+
+
+def test_a_negative_fixed_cost_is_refitted_through_the_origin():
+    batches = np.array([64, 256, 1024, 2048])
+    line = pd.DataFrame({"world": 1, "global_batch": batches,
+                         "step_seconds": COMPUTE.predict(batches)})  # fmt: skip
+    assert fit_compute_physical(line) == fit_compute(line)  # c0 > 0: the plain fit
+    # load on the small batches only: the free line's c0 goes below 0
+    loaded = line.assign(step_seconds=batches * 1e-4 * np.array([0.6, 0.8, 1.0, 1.0]))
+    assert fit_compute(loaded).c0 < 0
+    kept = fit_compute_physical(loaded)
+    assert kept.c0 == 0.0 and kept.c1 > 0
+    # the least relative error through the origin: nudging c1 either way does worse
+    def error(c1: float) -> float:
+        return float((((c1 * batches) / loaded["step_seconds"] - 1) ** 2).sum())
+    assert error(kept.c1) < min(error(kept.c1 * 1.01), error(kept.c1 * 0.99))
 
 
 def test_budget_trains_whole_epochs_and_at_least_min_steps_after_the_untimed_ones():

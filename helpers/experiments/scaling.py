@@ -38,6 +38,7 @@ from helpers.experiments.scaling_model import (  # noqa: F401 (the model, its ow
     batch_for_speedup,
     compute_fit_text,
     fit_compute,
+    fit_compute_physical,
     measured_and_model,
     measured_and_model_text,
     predict_speedup,
