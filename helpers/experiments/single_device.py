@@ -15,6 +15,7 @@ a step's products split over threads.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -190,12 +191,28 @@ def threads_slower(baselines: pd.DataFrame, tie: float | pd.Series = TIE) -> lis
     if "beside_seconds" not in rows:
         return []
     return [int(r.global_batch) for r in rows.itertuples()
-            if r.seconds > r.beside_seconds * (1 + _band(tie, int(r.global_batch)))]  # fmt: skip
+            if _lost_to_partner(r.seconds, r.beside_seconds, _band(tie, int(r.global_batch)))]
+
+
+def _lost_to_partner(single: float, beside: float | None, band: float) -> bool:
+    """Every core slower than its partner beyond the band (``threads_slower``'s test)."""
+    return beside is not None and bool(single > beside * (1 + band))
+
+
+class Verdict(NamedTuple):
+    """``judge``'s answer: "threads", "ddp" or "tie"; whether the single device was judged at its
+    partner's threads (``contended``) and whether the two 1-worker runs disagreed
+    (``unsettled``); and the notes that say so."""
+
+    key: str
+    contended: bool
+    unsettled: bool
+    notes: list[str]
 
 
 def judge(
     single: float, beside: float | None, sweep_one: float, ddp: float, band: float
-) -> tuple[str, list[str]]:
+) -> Verdict:
     """One batch's verdict, "threads", "ddp" or "tie", and why where it needs saying.
     ``single``: the single device's seconds; ``beside``: its partner's (None without one);
     ``sweep_one``: the sweep's 1-worker seconds; ``ddp``: DDP's speed-up over those. The single
@@ -204,7 +221,8 @@ def judge(
     which DDP's speed-up divides); where the two verdicts differ, the launches' load decided it,
     and the batch is a tie."""
     notes, best = [], single
-    if beside is not None and single > beside * (1 + band):
+    contended = _lost_to_partner(single, beside, band)
+    if contended:
         notes.append(f"every core took {single / beside - 1:.0%} longer than its partner, beyond "
                      "the band (contention, or more threads than these products use: one run "
                      "cannot tell); judged at its partner's threads")  # fmt: skip
@@ -217,8 +235,8 @@ def judge(
     if len(verdicts) > 1:
         notes.append("a tie: over its partner and over the sweep's 1-worker run the verdicts "
                      "differ")  # fmt: skip
-        return "tie", notes
-    return verdicts.pop(), notes
+        return Verdict("tie", contended, True, notes)
+    return Verdict(verdicts.pop(), contended, False, notes)
 
 
 def tally(table: pd.DataFrame, baselines: pd.DataFrame, tie: float | pd.Series = TIE) -> dict:
@@ -235,11 +253,11 @@ def tally(table: pd.DataFrame, baselines: pd.DataFrame, tie: float | pd.Series =
     for batch in single.index.intersection(ddp.index):
         row = single.loc[batch]
         beside = row.get("beside_seconds", float("nan"))
-        key, notes = judge(row["seconds"], None if pd.isna(beside) else beside, one[batch],
-                           ddp[batch], _band(tie, int(batch)))  # fmt: skip
-        counts[key].append(int(batch))
-        counts["contended"] += [int(batch)] * any("every core" in n for n in notes)
-        counts["unsettled"] += [int(batch)] * any("verdicts differ" in n for n in notes)
+        verdict = judge(row["seconds"], None if pd.isna(beside) else beside, one[batch],
+                        ddp[batch], _band(tie, int(batch)))  # fmt: skip
+        counts[verdict.key].append(int(batch))
+        counts["contended"] += [int(batch)] * verdict.contended
+        counts["unsettled"] += [int(batch)] * verdict.unsettled
     return counts
 
 
@@ -292,14 +310,14 @@ def _single_device_verdict(both: pd.DataFrame, tie: float | pd.Series = TIE) -> 
         head = (f"global batch {batch:>4}: 1 worker x {s['threads_per_worker']} threads "
                 f"{s['speedup']:.2f}x{over}; {d['world']} DDP workers x "
                 f"{d['threads_per_worker']} thread(s) {d['speedup']:.2f}x")  # fmt: skip
-        key, notes = judge(float(s["seconds"]), beside, float(one), float(d["speedup"]), band)
-        contended = any("every core" in note for note in notes)
+        judged = judge(float(s["seconds"]), beside, float(one), float(d["speedup"]), band)
+        contended = judged.contended
         winner = "one worker at its partner's threads" if contended else "one worker on every core"
         verdict = {"tie": f"a tie (within {band:.0%}, inside run-to-run noise)",
-                   "ddp": "DDP faster", "threads": f"{winner} faster"}[key]  # fmt: skip
-        if any("verdicts differ" in note for note in notes):
+                   "ddp": "DDP faster", "threads": f"{winner} faster"}[judged.key]  # fmt: skip
+        if judged.unsettled:
             verdict = "a tie"
-        verdict += "".join(f"\n    {note}" for note in notes)
+        verdict += "".join(f"\n    {note}" for note in judged.notes)
         free = rows[(rows["layout"] == NO_COMMUNICATION) & (rows["world"] == d["world"])]
         f = free["speedup"].iloc[0] if len(free) else None
         best = beside if contended else float(s["seconds"])  # the single device at its best
